@@ -1,0 +1,2 @@
+"""Federated algorithms: server strategies over client backends."""
+from .base import Algorithm, Context

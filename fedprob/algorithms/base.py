@@ -1,0 +1,87 @@
+"""The server-strategy protocol every federated algorithm implements.
+
+An algorithm is a frozen dataclass of hyperparameters (hashable: the engine
+caches compiled rounds on it) with pure methods:
+
+* ``init(ctx, key, data) -> (server_state, client_states)``: ``client_states``
+  is a pytree with a leading axis of length K (``()`` when clients keep no
+  state); ``data`` is the stacked :class:`~fedprob.potential.ClientData`.
+* ``client_update(ctx, server_state, client_state, data, key)
+  -> (client_state, message, diagnostics)`` for ONE client; the engine vmaps
+  it over the participating clients. ``diagnostics`` is a dict of scalars.
+* ``server_update(ctx, server_state, messages, weights, mask) -> server_state``:
+  ``messages`` have a leading axis over the participating clients,
+  ``weights`` are their sizes N_k, ``mask`` is False for clients left out
+  (absent, or whose update was not finite). Aggregation is a masked
+  (weighted) sum or mean over that axis.
+* ``posterior(ctx, server_state, client_states) -> GlobalPosterior``.
+
+``default_rounds`` is 1 for one-round methods. ``ctx`` is a :class:`Context`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ..potential import Potential
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Context:
+    """Static facts about a federation that algorithms may use."""
+
+    potential: Potential
+    num_clients: int
+    client_sizes: Any          # (K,) numpy int array
+    num_rows: int
+
+    @property
+    def dim(self) -> int:
+        return self.potential.dim
+
+
+class Algorithm:
+    """Base class of federated algorithms (subclasses are frozen dataclasses)."""
+
+    default_rounds: int = 1
+
+    def init(self, ctx: Context, key, data):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def client_update(self, ctx: Context, server_state, client_state, data, key):  # pragma: no cover
+        raise NotImplementedError
+
+    def server_update(self, ctx: Context, server_state, messages, weights, mask):  # pragma: no cover
+        raise NotImplementedError
+
+    def posterior(self, ctx: Context, server_state, client_states):  # pragma: no cover
+        raise NotImplementedError
+
+
+def masked_weights(weights, mask):
+    """Weights normalised over the clients in ``mask`` (zeros elsewhere)."""
+    w = jnp.where(mask, weights.astype(jnp.result_type(float)), 0.0)
+    return w / jnp.maximum(jnp.sum(w), 1e-30)
+
+
+def weighted_mean(tree, weights, mask):
+    """sum_k q_k x_k over the leading axis, q ∝ weights on the mask."""
+    q = masked_weights(weights, mask)
+    return jax.tree_util.tree_map(
+        lambda a: jnp.tensordot(q, jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, 0), 1), tree)
+
+
+def masked_sum(tree, mask):
+    """sum_k x_k over the leading axis for clients in ``mask``."""
+    return jax.tree_util.tree_map(
+        lambda a: jnp.sum(jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, 0), 0), tree)
+
+
+def stack_init(num_clients: int, value):
+    """A per-client state: ``value`` repeated over a leading axis of length K."""
+    return jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), value)
+
+

@@ -1,0 +1,130 @@
+"""FederatedData: a federation's rows, stacked and padded over clients."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def check_finite(name: str, a: np.ndarray) -> None:
+    if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
+        bad = int(np.sum(~np.isfinite(a)))
+        raise ValueError(f"{name} contains {bad} NaN/inf value(s); clean or impute them first")
+
+
+def check_labels(y: np.ndarray, num_classes: Optional[int]) -> None:
+    if num_classes is None:
+        return
+    if not np.issubdtype(y.dtype, np.integer):
+        if not np.all(np.mod(y, 1) == 0):
+            raise ValueError("class labels must be integers")
+    lo, hi = (int(y.min()), int(y.max())) if y.size else (0, 0)
+    if lo < 0 or hi >= num_classes:
+        raise ValueError(f"labels out of range: found [{lo}, {hi}], expected [0, {num_classes - 1}]")
+
+
+def check_xy(X: np.ndarray, y: np.ndarray) -> None:
+    if X.ndim < 2:
+        raise ValueError(f"X must have a row axis and at least one feature axis, got shape {X.shape}")
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X and y have different numbers of rows: {X.shape[0]} vs {y.shape[0]}")
+    check_finite("X", X)
+    check_finite("y", y)
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedData:
+    """Client data stacked into padded arrays.
+
+    X: (K, N_max, ...) and y: (K, N_max, ...) with the rows of client k in
+    ``[:sizes[k]]``; padding repeats the client's first row (so every padded
+    value is a valid input) and never enters a log density.
+    sizes: (K,) rows per client. num_classes: the label range for
+    classification (None for regression).
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    sizes: np.ndarray
+    num_classes: Optional[int] = None
+
+    def __post_init__(self):
+        if self.X.shape[:2] != self.y.shape[:2]:
+            raise ValueError(f"X {self.X.shape} and y {self.y.shape} disagree on (clients, rows)")
+        if self.sizes.shape != (self.X.shape[0],):
+            raise ValueError("sizes must have one entry per client")
+        if np.any(self.sizes <= 0):
+            empty = np.flatnonzero(self.sizes <= 0).tolist()
+            raise ValueError(f"client(s) {empty} have no data; every client needs at least one row")
+
+    @classmethod
+    def from_clients(cls, clients: Sequence[tuple], num_classes: Optional[int] = None,
+                     dtype=np.float32) -> "FederatedData":
+        """From a list of (X_k, y_k) pairs of possibly different lengths."""
+        if len(clients) == 0:
+            raise ValueError("no clients given")
+        Xs, ys = [], []
+        for k, (Xk, yk) in enumerate(clients):
+            Xk, yk = np.asarray(Xk), np.asarray(yk)
+            if Xk.shape[0] == 0:
+                raise ValueError(f"client {k} has no data; every client needs at least one row")
+            check_xy(Xk, yk)
+            check_labels(yk, num_classes)
+            Xs.append(Xk)
+            ys.append(yk)
+        sizes = np.array([x.shape[0] for x in Xs], dtype=np.int32)
+        n_max = int(sizes.max())
+        ydt = np.int32 if num_classes is not None else dtype
+
+        def pad(a, dt):
+            out = np.empty((n_max,) + a.shape[1:], dtype=dt)
+            out[: a.shape[0]] = a
+            out[a.shape[0]:] = a[:1]
+            return out
+
+        X = np.stack([pad(x, dtype) for x in Xs])
+        y = np.stack([pad(v, ydt) for v in ys])
+        return cls(X, y, sizes, num_classes)
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def client_sizes(self) -> np.ndarray:
+        return self.sizes
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.sizes.sum())
+
+    @property
+    def max_size(self) -> int:
+        return int(self.X.shape[1])
+
+    def client(self, k: int):
+        """(X_k, y_k) of client k, without padding."""
+        if not 0 <= k < self.num_clients:
+            raise IndexError(f"client {k} out of range [0, {self.num_clients})")
+        n = int(self.sizes[k])
+        return self.X[k, :n], self.y[k, :n]
+
+    def pooled(self):
+        """All rows of all clients, concatenated in client order."""
+        Xs, ys = zip(*(self.client(k) for k in range(self.num_clients)))
+        return np.concatenate(Xs), np.concatenate(ys)
+
+    def client_data(self):
+        """The stacked :class:`fedprob.potential.ClientData` (JAX arrays)."""
+        import jax.numpy as jnp
+
+        from ..potential import ClientData
+
+        return ClientData(jnp.asarray(self.X), jnp.asarray(self.y), jnp.asarray(self.sizes))
+
+    def __repr__(self) -> str:
+        s = self.sizes
+        return (f"FederatedData(num_clients={self.num_clients}, rows={self.num_rows}, "
+                f"sizes min/median/max={s.min()}/{int(np.median(s))}/{s.max()}, "
+                f"x_shape={self.X.shape[2:]}, num_classes={self.num_classes})")

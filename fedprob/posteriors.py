@@ -1,0 +1,258 @@
+"""The two posterior forms shared by every backend and algorithm, and the global posterior.
+
+* :class:`Samples`: draws of the flat unconstrained parameter, shape
+  ``(..., S, d)`` (a leading client axis when stacked over clients).
+* :class:`Gaussian`: natural parameters ``linear = P m`` and ``precision = P``,
+  with ``P`` either diagonal (shape ``(..., d)``) or full (``(..., d, d)``).
+  A product of Gaussians adds natural parameters.
+
+Both are pytrees (they pass through ``jit``/``vmap``/``scan``). A Gaussian can
+be sampled and samples can be moment-matched, so algorithms accept either.
+:class:`GlobalPosterior` is the user-facing object an algorithm returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import logsumexp
+
+Array = jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Samples:
+    """Posterior draws of the flat unconstrained parameter, shape (..., S, d)."""
+
+    draws: Array
+
+    @property
+    def num_draws(self) -> int:
+        return self.draws.shape[-2]
+
+    def mean(self) -> Array:
+        return jnp.mean(self.draws, axis=-2)
+
+    def covariance(self) -> Array:
+        """Sample covariance (divisor S - 1), shape (..., d, d)."""
+        c = self.draws - self.mean()[..., None, :]
+        s = max(self.num_draws - 1, 1)
+        return jnp.einsum("...si,...sj->...ij", c, c) / s
+
+    def variance(self) -> Array:
+        """Marginal sample variances (divisor S - 1), shape (..., d)."""
+        return jnp.var(self.draws, axis=-2, ddof=1 if self.num_draws > 1 else 0)
+
+    def to_gaussian(self, diag: bool = False, jitter: float = 1e-6) -> "Gaussian":
+        """Moment-matched Gaussian (full or diagonal precision)."""
+        if diag:
+            return Gaussian.from_moments(self.mean(), self.variance() + jitter)
+        d = self.draws.shape[-1]
+        return Gaussian.from_moments(self.mean(), self.covariance() + jitter * jnp.eye(d))
+
+    def sample(self, key, n: int) -> Array:
+        """n draws resampled uniformly (with replacement) from the stored ones, (n, d)."""
+        flat = self.draws.reshape(-1, self.draws.shape[-1])
+        idx = jax.random.randint(key, (n,), 0, flat.shape[0])
+        return flat[idx]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Gaussian:
+    """N(m, P^-1) in natural parameters: ``linear = P m``, ``precision = P``.
+
+    ``precision`` has the shape of ``linear`` (diagonal) or one more trailing
+    axis (full).
+    """
+
+    linear: Array
+    precision: Array
+
+    @property
+    def is_diag(self) -> bool:
+        return self.precision.ndim == self.linear.ndim
+
+    @property
+    def dim(self) -> int:
+        return self.linear.shape[-1]
+
+    @classmethod
+    def from_moments(cls, mean, cov) -> "Gaussian":
+        """From a mean and a covariance (vector of variances for a diagonal one)."""
+        mean = jnp.asarray(mean)
+        cov = jnp.asarray(cov)
+        if cov.ndim == mean.ndim:
+            prec = 1.0 / cov
+            return cls(prec * mean, prec)
+        prec = jnp.linalg.inv(cov)
+        prec = 0.5 * (prec + jnp.swapaxes(prec, -1, -2))
+        return cls(jnp.einsum("...ij,...j->...i", prec, mean), prec)
+
+    @classmethod
+    def from_mean_precision(cls, mean, precision) -> "Gaussian":
+        mean = jnp.asarray(mean)
+        precision = jnp.asarray(precision)
+        if precision.ndim == mean.ndim:
+            return cls(precision * mean, precision)
+        return cls(jnp.einsum("...ij,...j->...i", precision, mean), precision)
+
+    def mean(self) -> Array:
+        if self.is_diag:
+            return self.linear / self.precision
+        return jnp.linalg.solve(self.precision, self.linear[..., None])[..., 0]
+
+    def covariance(self) -> Array:
+        if self.is_diag:
+            return (1.0 / self.precision)[..., None] * jnp.eye(self.dim, dtype=self.precision.dtype)
+        return jnp.linalg.inv(self.precision)
+
+    def variance(self) -> Array:
+        if self.is_diag:
+            return 1.0 / self.precision
+        return jnp.diagonal(jnp.linalg.inv(self.precision), axis1=-2, axis2=-1)
+
+    def to_full(self) -> "Gaussian":
+        if not self.is_diag:
+            return self
+        eye = jnp.eye(self.dim, dtype=self.precision.dtype)
+        return Gaussian(self.linear, self.precision[..., :, None] * eye)
+
+    def to_diag(self) -> "Gaussian":
+        """Diagonal Gaussian with the same marginal variances and mean."""
+        if self.is_diag:
+            return self
+        return Gaussian.from_moments(self.mean(), self.variance())
+
+    def __mul__(self, other: "Gaussian") -> "Gaussian":
+        """Product of densities: natural parameters add."""
+        a, b = (self, other) if self.is_diag == other.is_diag else (self.to_full(), other.to_full())
+        return Gaussian(a.linear + b.linear, a.precision + b.precision)
+
+    def __truediv__(self, other: "Gaussian") -> "Gaussian":
+        a, b = (self, other) if self.is_diag == other.is_diag else (self.to_full(), other.to_full())
+        return Gaussian(a.linear - b.linear, a.precision - b.precision)
+
+    def power(self, t) -> "Gaussian":
+        return Gaussian(self.linear * t, self.precision * t)
+
+    def sample(self, key, n: int) -> Array:
+        """(n, d) draws (unbatched Gaussian)."""
+        eps = jax.random.normal(key, (n, self.dim), dtype=self.linear.dtype)
+        m = self.mean()
+        if self.is_diag:
+            return m + eps / jnp.sqrt(self.precision)
+        L = jnp.linalg.cholesky(self.precision)
+        # x = m + L^-T eps has covariance (L L^T)^-1 = P^-1.
+        return m + jax.scipy.linalg.solve_triangular(L, eps.T, lower=True, trans=1).T
+
+    def log_prob(self, x) -> Array:
+        m = self.mean()
+        r = x - m
+        d = self.dim
+        if self.is_diag:
+            quad = jnp.sum(self.precision * r * r, -1)
+            logdet = jnp.sum(jnp.log(self.precision), -1)
+        else:
+            quad = jnp.einsum("...i,ij,...j->...", r, self.precision, r)
+            logdet = jnp.linalg.slogdet(self.precision)[1]
+        return 0.5 * (logdet - quad - d * jnp.log(2 * jnp.pi))
+
+
+def gaussian_is_valid(g: Gaussian) -> Array:
+    """True where the precision is positive definite and everything is finite."""
+    finite = jnp.all(jnp.isfinite(g.linear), -1)
+    if g.is_diag:
+        return finite & jnp.all(g.precision > 0, -1) & jnp.all(jnp.isfinite(g.precision), -1)
+    eig = jnp.linalg.eigvalsh(g.precision)
+    return finite & jnp.all(eig > 0, -1) & jnp.all(jnp.isfinite(g.precision), (-1, -2))
+
+
+def average_predictions(potential, draws: Array, X, chunk: int = 64):
+    """Bayesian model average of the per-draw predictive over draws (S, d).
+
+    Classification: (n, C) probabilities, the mean of per-draw probabilities.
+    Regression: (mean, variance), the mixture's moments (law of total variance).
+    """
+    draws = jnp.atleast_2d(draws)
+    if potential.task == "classification":
+        logp = jax.lax.map(lambda z: potential.predict(z, X), draws, batch_size=chunk)  # (S, n, C)
+        return jnp.exp(logsumexp(logp, axis=0) - jnp.log(draws.shape[0]))
+    means, variances = jax.lax.map(lambda z: potential.predict(z, X), draws, batch_size=chunk)
+    mean = jnp.mean(means, 0)
+    var = jnp.mean(variances + means ** 2, 0) - mean ** 2
+    return mean, var
+
+
+class GlobalPosterior:
+    """The server's answer: a posterior over the model's parameters.
+
+    ``form`` is :class:`Samples` (draws, ``(S, d)``) or :class:`Gaussian`
+    (unbatched). ``mean`` is a dict of constrained sites: for samples, the
+    mean of the constrained draws; for a Gaussian, the constrained image of
+    its mean (exact for unconstrained sites). ``predict(X)`` is the
+    posterior predictive: class probabilities (n, C), or a tuple (mean,
+    variance) with observation noise included. A Gaussian is averaged over
+    ``num_predictive_draws`` draws.
+    """
+
+    def __init__(self, potential, form, *, num_predictive_draws: int = 100, seed: int = 0,
+                 info: Optional[dict] = None):
+        self.potential = potential
+        self.form = form
+        self.num_predictive_draws = num_predictive_draws
+        self._key = jax.random.PRNGKey(seed)
+        self.info = dict(info or {})
+
+    # -- parameters ------------------------------------------------------------------------
+    @property
+    def mean(self) -> dict:
+        if isinstance(self.form, Gaussian):
+            return self.potential.constrain(self.form.mean())
+        vals = jax.vmap(self.potential.constrain)(self.form.draws)
+        return {k: jnp.mean(v, 0) for k, v in vals.items()}
+
+    @property
+    def flat_mean(self) -> Array:
+        """Mean of the flat unconstrained parameter."""
+        return self.form.mean()
+
+    def flat_sample(self, key, n: int) -> Array:
+        """(n, d) unconstrained draws."""
+        return self.form.sample(key, n)
+
+    def sample(self, key, n: int) -> dict:
+        """dict site -> (n, ...) constrained draws."""
+        return jax.vmap(self.potential.constrain)(self.flat_sample(key, n))
+
+    def _predictive_draws(self) -> Array:
+        if isinstance(self.form, Samples):
+            return self.form.draws.reshape(-1, self.form.draws.shape[-1])
+        return self.form.sample(self._key, self.num_predictive_draws)
+
+    # -- prediction ------------------------------------------------------------------------
+    def predict(self, X):
+        """Posterior predictive at X (class probabilities, or (mean, variance))."""
+        return average_predictions(self.potential, self._predictive_draws(), jnp.asarray(X))
+
+    def log_predictive_density(self, X, y) -> Array:
+        """(n,) log p(y_i | x_i, D) under :meth:`predict`."""
+        return log_predictive_density(self.potential.task, self.predict(X), y)
+
+
+def log_predictive_density(task: str, prediction, y) -> Array:
+    """(n,) log density of targets y under a prediction from ``predict``."""
+    y = jnp.asarray(y)
+    if task == "classification":
+        probs = prediction
+        return jnp.log(jnp.clip(jnp.take_along_axis(probs, y[:, None].astype(jnp.int32), 1)[:, 0],
+                                1e-12, None))
+    mean, var = prediction
+    return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
+
+
+__all__ = ["Samples", "Gaussian", "GlobalPosterior", "average_predictions", "gaussian_is_valid",
+           "log_predictive_density"]

@@ -1,0 +1,340 @@
+"""A NumPyro model as a flat log density over unconstrained parameters.
+
+A model is a plain NumPyro program ``model(X, y=None, **model_kwargs)`` whose
+likelihood (observed) sites live inside ``numpyro.plate("data", X.shape[0])``.
+:class:`Potential` traces it once and fixes one parameter *layout*: the latent
+sites in the order the model samples them, each mapped to unconstrained space
+by ``biject_to(site.support)`` and flattened, concatenated into one vector
+``z`` of length ``dim``. Clients and server share this layout.
+
+Conventions (used by every backend and algorithm):
+
+* ``log_prior(z)`` is the model prior in unconstrained space, Jacobian
+  included.
+* The log likelihood of a client is a **sum** over its points. A minibatch of
+  ``b`` rows drawn uniformly (with replacement) from a client's ``n`` valid
+  rows carries weight ``n / b`` per row, so it is an unbiased estimate of that
+  sum; the full batch carries weight 1 on valid rows and 0 on padding.
+* A client's target (:class:`LocalTarget`) is
+  ``prior_weight * log p0(z) + likelihood_weight * log p(D_k | z)
+  + linear . z - z' P z / 2``. Samplers use ``prior_weight = 1`` (own
+  posterior) or ``1/K`` (a sub-posterior, arranged by the algorithm);
+  ``likelihood_weight = 1`` is temperature 1 (temperature acts on the
+  injected noise in the samplers, see ``fedprob.inference``). The Gaussian
+  term carries cavities, proximal terms and dual variables of the iterative
+  algorithms; it is zero by default.
+* Point-estimate client optimizers minimise ``-log_density / n_k`` with
+  ``prior_weight = 1/K`` (see :func:`mean_loss`), so learning rates carry
+  across client sizes.
+
+Clients of different sizes are padded into one array of ``N_max`` rows with a
+count ``n`` each (:class:`ClientData`), so one jitted function serves every
+client under ``vmap``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from numpyro import handlers
+from numpyro.distributions.transforms import biject_to
+
+Array = jax.Array
+
+DATA_PLATE = "data"
+
+
+class ClientData(NamedTuple):
+    """One client's rows, padded to a common length.
+
+    X: (N_max, ...) inputs; y: (N_max, ...) targets; n: () number of valid rows
+    (rows ``n:`` are padding and never enter a log density). Stacked over a
+    leading client axis it is the data of a whole federation.
+    """
+
+    X: Array
+    y: Array
+    n: Array
+
+
+class LocalTarget(NamedTuple):
+    """The log density a client works on (see the module docstring).
+
+    ``log pi(z) = prior_weight * log p0(z) + likelihood_weight * log p(D|z)
+    + linear . z - z' precision z / 2``, with ``precision`` either a vector
+    (diagonal) or a (d, d) matrix.
+    """
+
+    data: ClientData
+    prior_weight: Array
+    likelihood_weight: Array
+    linear: Array
+    precision: Array
+
+
+def make_target(data: ClientData, dim: int, prior_weight=1.0, likelihood_weight=1.0,
+                linear=None, precision=None, dtype=jnp.float32) -> LocalTarget:
+    """A :class:`LocalTarget` with an (optional) Gaussian term, zero by default."""
+    linear = jnp.zeros((dim,), dtype) if linear is None else jnp.asarray(linear, dtype)
+    precision = jnp.zeros((dim,), dtype) if precision is None else jnp.asarray(precision, dtype)
+    return LocalTarget(data, jnp.asarray(prior_weight, dtype), jnp.asarray(likelihood_weight, dtype),
+                       linear, precision)
+
+
+class SiteInfo(NamedTuple):
+    name: str
+    shape: tuple          # constrained shape
+    unconstrained_shape: tuple
+    offset: int
+    size: int
+
+
+def _in_data_plate(site) -> Optional[Any]:
+    for frame in site.get("cond_indep_stack", ()):
+        if frame.name == DATA_PLATE:
+            return frame
+    return None
+
+
+def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
+    """Rows and per-row weights for one stochastic estimate of the log likelihood.
+
+    ``batch_size=None`` is the full batch (weights 1 on valid rows, 0 on
+    padding). Otherwise ``batch_size`` rows are drawn uniformly with
+    replacement from the ``n`` valid rows, each weighted ``n / batch_size``:
+    an unbiased estimate of the sum over the client's points.
+    """
+    n_max = data.X.shape[0]
+    if batch_size is None:
+        w = (jnp.arange(n_max) < data.n).astype(jnp.result_type(float))
+        return data.X, data.y, w
+    n = jnp.maximum(data.n, 1)
+    idx = jax.random.randint(key, (batch_size,), 0, n)
+    w = jnp.full((batch_size,), 1.0) * (data.n / batch_size)
+    return data.X[idx], data.y[idx], w.astype(jnp.result_type(float))
+
+
+class Potential:
+    """Flat log density of a NumPyro model (see the module docstring).
+
+    Parameters
+    ----------
+    model: ``model(X, y=None, **model_kwargs)`` with its observed sites inside
+        ``numpyro.plate("data", X.shape[0])``.
+    X, y: example data (a few rows suffice) fixing shapes and dtypes.
+    model_kwargs: extra keyword arguments passed to every call of the model.
+    """
+
+    def __init__(self, model: Callable, X, y, model_kwargs: Optional[dict] = None):
+        self.model = model
+        self.model_kwargs = dict(model_kwargs or {})
+        X = jnp.asarray(X)[:2]
+        y = jnp.asarray(y)[:2]
+        with handlers.block():
+            tr = handlers.trace(handlers.seed(model, 0)).get_trace(X, y, **self.model_kwargs)
+        sites, observed, deterministic = [], [], []
+        offset = 0
+        has_plate = False
+        for name, site in tr.items():
+            if site["type"] == "plate" and name == DATA_PLATE:
+                has_plate = True
+            if site["type"] == "param":
+                raise ValueError(
+                    f"site '{name}' is a numpyro.param; fedprob needs every parameter as a "
+                    "numpyro.sample site with a prior")
+            if site["type"] == "deterministic":
+                deterministic.append(name)
+            if site["type"] != "sample":
+                continue
+            frame = _in_data_plate(site)
+            if site["is_observed"]:
+                if frame is None:
+                    raise ValueError(
+                        f"observed site '{name}' is outside the plate named '{DATA_PLATE}'; put "
+                        f"the likelihood inside `with numpyro.plate('{DATA_PLATE}', X.shape[0]):`")
+                observed.append(name)
+                continue
+            if frame is not None:
+                raise ValueError(
+                    f"latent site '{name}' lies inside the '{DATA_PLATE}' plate; per-datapoint "
+                    "latent variables are not supported (marginalise them in the likelihood)")
+            if site["fn"].support.is_discrete:
+                raise ValueError(f"latent site '{name}' is discrete; only continuous parameters "
+                                 "are supported")
+            value = site["value"]
+            u = biject_to(site["fn"].support).inv(value)
+            size = int(np.prod(u.shape))
+            sites.append(SiteInfo(name, tuple(value.shape), tuple(u.shape), offset, size))
+            offset += size
+        has_plate = has_plate or any(
+            _in_data_plate(s) is not None for s in tr.values() if s["type"] == "sample")
+        if not has_plate:
+            raise ValueError(
+                f"the model has no numpyro.plate named '{DATA_PLATE}': wrap the likelihood in "
+                f"`with numpyro.plate('{DATA_PLATE}', X.shape[0]):` so fedprob can scale minibatches")
+        if not observed:
+            raise ValueError("the model observes nothing: call it as model(X, y) with "
+                             "`obs=y` on the likelihood site inside the 'data' plate")
+        if not sites:
+            raise ValueError("the model has no latent sample sites to infer")
+        self.sites = tuple(sites)
+        self.observed = tuple(observed)
+        self.deterministic = tuple(deterministic)
+        self.dim = offset
+        self.site_names = tuple(s.name for s in sites)
+        fn = tr[observed[0]]["fn"]
+        self.task = "classification" if fn.support.is_discrete else "regression"
+        self.num_classes = None
+        if self.task == "classification" and fn.has_enumerate_support:
+            self.num_classes = int(fn.enumerate_support(expand=False).shape[0])
+        self.x_shape = tuple(X.shape[1:])
+        self.y_shape = tuple(y.shape[1:])
+
+    # -- layout ---------------------------------------------------------------------------
+    def unravel(self, z: Array) -> dict:
+        """Flat vector -> dict of unconstrained arrays (site order of the model)."""
+        return {s.name: z[s.offset:s.offset + s.size].reshape(s.unconstrained_shape)
+                for s in self.sites}
+
+    def ravel(self, u: dict) -> Array:
+        """Dict of unconstrained arrays -> flat vector in the fixed layout."""
+        return jnp.concatenate([jnp.reshape(u[s.name], (-1,)) for s in self.sites])
+
+    def _transforms(self, tr_sites) -> dict:
+        return {s.name: biject_to(tr_sites[s.name]["fn"].support) for s in self.sites}
+
+    def constrain(self, z: Array, X=None) -> dict:
+        """Flat unconstrained vector -> dict of constrained site values."""
+        # Supports can depend on other sites; trace once with the unconstrained
+        # values pushed through each site's transform in model order.
+        u = self.unravel(z)
+        values = {}
+        X = jnp.zeros((1,) + self.x_shape) if X is None else X
+        tr = self._trace_with(u, X, None, values)
+        return {s.name: tr[s.name]["value"] for s in self.sites}
+
+    def unconstrain(self, params: dict) -> Array:
+        """Dict of constrained site values -> flat unconstrained vector."""
+        X = jnp.zeros((1,) + self.x_shape)
+        with handlers.block():
+            tr = handlers.trace(handlers.substitute(handlers.seed(self.model, 0), data=params)).get_trace(
+                X, None, **self.model_kwargs)
+        return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(params[s.name])
+                           for s in self.sites})
+
+    def _trace_with(self, u: dict, X, y, out: dict):
+        """Trace the model with latent sites set from unconstrained values ``u``."""
+
+        def substitute_fn(site):
+            if site["type"] == "sample" and site["name"] in u and not site["is_observed"]:
+                x = biject_to(site["fn"].support)(u[site["name"]])
+                out[site["name"]] = x
+                return x
+            return None
+
+        with handlers.block():
+            return handlers.trace(handlers.substitute(handlers.seed(self.model, 0),
+                                                      substitute_fn=substitute_fn)).get_trace(
+                X, y, **self.model_kwargs)
+
+    # -- densities ------------------------------------------------------------------------
+    def _terms(self, z: Array, X, y, weights):
+        """(log prior with Jacobian, weighted log likelihood) from one trace."""
+        u = self.unravel(z)
+        values = {}
+        tr = self._trace_with(u, X, y, values)
+        log_prior = 0.0
+        for s in self.sites:
+            site = tr[s.name]
+            x = values[s.name]
+            lp = jnp.sum(site["fn"].log_prob(x))
+            if site.get("scale") is not None:
+                lp = lp * site["scale"]
+            t = biject_to(site["fn"].support)
+            log_prior = log_prior + lp + jnp.sum(t.log_abs_det_jacobian(u[s.name], x))
+        log_lik = 0.0
+        for name in self.observed:
+            site = tr[name]
+            lp = site["fn"].log_prob(site["value"])
+            frame = _in_data_plate(site)
+            w = jnp.reshape(weights, (weights.shape[0],) + (1,) * (-frame.dim - 1))
+            log_lik = log_lik + jnp.sum(lp * w)
+        return log_prior, log_lik
+
+    def log_prior(self, z: Array) -> Array:
+        """log p0(z) in unconstrained space (Jacobian included)."""
+        X = jnp.zeros((1,) + self.x_shape)
+        y = jnp.zeros((1,) + self.y_shape, dtype=self._y_dtype())
+        return self._terms(z, X, y, jnp.zeros((1,)))[0]
+
+    def _y_dtype(self):
+        return jnp.int32 if self.task == "classification" else jnp.result_type(float)
+
+    def log_likelihood(self, z: Array, X, y, weights=None) -> Array:
+        """sum_i weights_i log p(y_i | x_i, z) (weights default to 1)."""
+        weights = jnp.ones((X.shape[0],)) if weights is None else weights
+        return self._terms(z, X, y, weights)[1]
+
+    def pointwise_log_likelihood(self, z: Array, X, y) -> Array:
+        """(n,) log p(y_i | x_i, z) per row."""
+        return jax.vmap(lambda xi, yi: self.log_likelihood(z, xi[None], yi[None]))(X, y)
+
+    def log_joint(self, z: Array, X, y, weights=None, prior_weight=1.0) -> Array:
+        """prior_weight * log p0(z) + sum_i weights_i log p(y_i | x_i, z)."""
+        weights = jnp.ones((X.shape[0],)) if weights is None else weights
+        lp, ll = self._terms(z, X, y, weights)
+        return prior_weight * lp + ll
+
+    def log_density(self, z: Array, target: LocalTarget, key=None, batch_size=None) -> Array:
+        """A client's (stochastic, if batch_size is set) log target density."""
+        X, y, w = minibatch(key, target.data, batch_size)
+        lp, ll = self._terms(z, X, y, w)
+        out = target.prior_weight * lp + target.likelihood_weight * ll + jnp.dot(target.linear, z)
+        if target.precision.ndim == 1:
+            out = out - 0.5 * jnp.sum(target.precision * z * z)
+        else:
+            out = out - 0.5 * z @ target.precision @ z
+        return out
+
+    def grad_log_density(self, z, target, key=None, batch_size=None):
+        """(log density, gradient) of :meth:`log_density`."""
+        return jax.value_and_grad(self.log_density)(z, target, key, batch_size)
+
+    # -- initialisation ---------------------------------------------------------------------
+    def init(self, key: Array, strategy: str = "prior") -> Array:
+        """A starting point: ``"prior"`` (one prior draw) or ``"zeros"`` (z = 0)."""
+        if strategy == "zeros":
+            return jnp.zeros((self.dim,))
+        if strategy != "prior":
+            raise ValueError(f"unknown init strategy '{strategy}' (use 'prior' or 'zeros')")
+        X = jnp.zeros((1,) + self.x_shape)
+        with handlers.block():
+            tr = handlers.trace(handlers.seed(self.model, key)).get_trace(X, None, **self.model_kwargs)
+        return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"])
+                           for s in self.sites})
+
+    # -- prediction -----------------------------------------------------------------------
+    def predictive_distribution(self, z: Array, X):
+        """The NumPyro distribution of the (first) observed site at inputs X."""
+        tr = self._trace_with(self.unravel(z), X, None, {})
+        return tr[self.observed[0]]["fn"]
+
+    def predict(self, z: Array, X):
+        """Per-parameter predictive at inputs X.
+
+        Classification: (n, C) class log-probabilities. Regression: a tuple
+        (mean, variance) of the observation distribution (noise included).
+        """
+        fn = self.predictive_distribution(z, X)
+        if self.task == "classification":
+            vals = fn.enumerate_support(expand=False)
+            lp = fn.log_prob(vals)            # (C, n)
+            return jnp.moveaxis(lp, 0, -1)
+        return fn.mean, fn.variance
+
+
+def mean_loss(potential: Potential, z, target: LocalTarget, key=None, batch_size=None):
+    """``-log_density / n``: the client objective of point-estimate optimizers."""
+    return -potential.log_density(z, target, key, batch_size) / jnp.maximum(target.data.n, 1)
