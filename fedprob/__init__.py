@@ -12,3 +12,5 @@ from .potential import Potential
 from .posteriors import Gaussian, GlobalPosterior, Samples
 
 __version__ = "0.1.0"
+from .run import Result, run
+from . import metrics, diagnostics

@@ -187,6 +187,9 @@ def average_predictions(potential, draws: Array, X, chunk: int = 64):
     return mean, var
 
 
+_average_predictions_jit = jax.jit(average_predictions, static_argnums=(0, 3))
+
+
 class GlobalPosterior:
     """The server's answer: a posterior over the model's parameters.
 
@@ -236,7 +239,7 @@ class GlobalPosterior:
     # -- prediction ------------------------------------------------------------------------
     def predict(self, X):
         """Posterior predictive at X (class probabilities, or (mean, variance))."""
-        return average_predictions(self.potential, self._predictive_draws(), jnp.asarray(X))
+        return _average_predictions_jit(self.potential, self._predictive_draws(), jnp.asarray(X), 64)
 
     def log_predictive_density(self, X, y) -> Array:
         """(n,) log p(y_i | x_i, D) under :meth:`predict`."""

@@ -1,0 +1,107 @@
+"""The local engine: one federated round as one compiled function.
+
+Each round samples ``M`` of the ``K`` clients without replacement (``M`` is
+fixed, so shapes never change and nothing recompiles between rounds),
+gathers their data and states, runs ``algorithm.client_update`` vmapped over
+them (or in chunks with ``lax.map`` when memory is short), marks clients
+whose message or state is not finite as excluded, and applies
+``algorithm.server_update`` with the participation mask. A server update
+that would not be finite is discarded (the previous server state is kept and
+the round is flagged), so the server state never silently becomes NaN.
+
+Compiled rounds are cached on (algorithm, model, data shapes, client sizes,
+M, chunk): a second ``fp.run`` with the same inputs does not recompile.
+"""
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedprob.inference.base import finite_flag
+
+from ..algorithms.base import Algorithm, Context
+
+TRACE_COUNT = {"round": 0}
+_CACHE: dict = {}
+_CACHE_MAX = 32
+
+
+class RoundInfo(NamedTuple):
+    participants: jax.Array     # (M,) client ids
+    included: jax.Array         # (M,) bool: update finite and aggregated
+    server_finite: jax.Array    # () bool: server update accepted
+    diagnostics: dict           # name -> (M,) per-client values
+
+
+def _where_tree(flag, new, old):
+    def pick(a, b):
+        f = jnp.reshape(flag, jnp.shape(flag) + (1,) * (jnp.ndim(a) - jnp.ndim(flag)))
+        return jnp.where(f, a, b)
+
+    return jax.tree_util.tree_map(pick, new, old)
+
+
+def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
+                  client_chunk: Optional[int] = None):
+    """The pure round function ``(server, clients, data, key) -> (server, clients, RoundInfo)``."""
+    K, M = ctx.num_clients, num_participants
+
+    def round_fn(server_state, client_states, data, key):
+        TRACE_COUNT["round"] += 1
+        k_sel, k_cl = jax.random.split(key)
+        idx = jnp.arange(K) if M == K else jnp.sort(jax.random.permutation(k_sel, K)[:M])
+        take = partial(jax.tree_util.tree_map, lambda a: a[idx])
+        cs, d = take(client_states), take(data)
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(k_cl, idx)
+
+        def one(args):
+            c, dd, k = args
+            new_c, msg, diag = algorithm.client_update(ctx, server_state, c, dd, k)
+            return new_c, msg, diag, finite_flag(new_c, msg)
+
+        if client_chunk is None or client_chunk >= M:
+            new_cs, msgs, diags, ok = jax.vmap(one)((cs, d, keys))
+        else:
+            new_cs, msgs, diags, ok = jax.lax.map(one, (cs, d, keys), batch_size=client_chunk)
+        new_server = algorithm.server_update(ctx, server_state, msgs, d.n, ok)
+        server_ok = finite_flag(new_server) & jnp.any(ok)
+        new_server = _where_tree(server_ok, new_server, server_state)
+        merged = _where_tree(ok, new_cs, cs)
+        client_states = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), client_states, merged)
+        return new_server, client_states, RoundInfo(idx, ok, server_ok, diags)
+
+    return round_fn
+
+
+def _signature(tree) -> tuple:
+    return tuple((tuple(np.shape(a)), str(jnp.result_type(a))) for a in jax.tree_util.tree_leaves(tree))
+
+
+def compiled_round(algorithm, ctx, model_key, num_participants, client_chunk, server_state,
+                   client_states, data, key):
+    """(compiled round function, compile seconds: 0.0 when cached)."""
+    cache_key = (algorithm, model_key, ctx.num_clients, num_participants, client_chunk,
+                 np.asarray(ctx.client_sizes).tobytes(), _signature(server_state),
+                 _signature(client_states), _signature(data))
+    hit = _CACHE.get(cache_key)
+    if hit is not None:
+        return hit, 0.0
+    t0 = time.perf_counter()
+    fn = jax.jit(make_round_fn(algorithm, ctx, num_participants, client_chunk))
+    compiled = fn.lower(server_state, client_states, data, key).compile()
+    dt = time.perf_counter() - t0
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[cache_key] = compiled
+    return compiled, dt
+
+
+def clear_cache():
+    """Forget every compiled round (and reset the trace counter)."""
+    _CACHE.clear()
+    TRACE_COUNT["round"] = 0
