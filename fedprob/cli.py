@@ -65,13 +65,12 @@ def _named(module, table: dict, what: str):
 def build_from_config(cfg: dict):
     """(algorithm, model, fed, eval_data, run kwargs) from a parsed configuration."""
     from . import algorithms, inference, models
-    from .data import partition
 
     ds = load_dataset(cfg.get("data", {}))
     part = dict(cfg.get("partition", {}))
-    num_clients = part.pop("num_clients", 10)
     scheme = part.pop("scheme", "iid")
-    fed = partition(*ds.train, num_clients=num_clients, scheme=scheme, **part)
+    num_clients = part.pop("num_clients", None if scheme == "groups" else 10)
+    fed = ds.partition(num_clients, scheme, **part)
     model_fn, model_kw = _named(models, cfg.get("model", {}), "model")
     if model_fn.__name__ in ("softmax_regression", "bnn_mlp", "cnn") and ds.num_classes is not None:
         model_kw.setdefault("num_classes", ds.num_classes)

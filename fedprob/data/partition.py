@@ -14,10 +14,13 @@ Schemes (keyword arguments in brackets, defaults after ``=``):
     Two-level Dirichlet. Client sizes: ``p ~ Dir(alpha_size * 1_K)`` and
     ``n_k = min_size + round((N - K * min_size) * p_k)`` (largest remainder, so
     sizes sum to N and each is at least ``min_size``); ``alpha_size=None``
-    gives near-equal sizes. Class mix: ``q_k ~ Dir(alpha * 1_C)`` per client;
-    client k draws ``n_k`` labels from ``q_k`` restricted to the classes that
-    still have unassigned rows (clients are visited in random order, so the
-    last clients absorb what is left). Small ``alpha`` -> few classes per
+    gives near-equal sizes. Class mix: ``q_k ~ Dir(alpha * C * p)`` per client,
+    with p the pooled class frequencies (so ``Dir(alpha * 1_C)`` for balanced
+    classes, and ``E[q_k] = p`` always); client k draws ``n_k`` labels from
+    ``q_k`` by weighted sampling without replacement from the rows not yet
+    assigned (row weight ``q_kc / p_c``; clients are visited in random order,
+    and classes that run out are replaced by what is left, so the last
+    clients' mixes drift towards the leftovers). Small ``alpha`` -> few classes per
     client; large ``alpha`` -> near-uniform mixes.
 ``"label_sort"`` [``heterogeneity=1.0``]
     The one-round predictive paper's mixing with h in [0, 1]: a random
@@ -51,7 +54,7 @@ None) when it is floating point.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -293,36 +296,40 @@ def _dirichlet(lab, C, K, alpha, alpha_size, min_size, rng):
     if alpha_size is None:
         sizes = _equal_sizes(n, K)
     else:
-        p = _safe_dirichlet(rng, alpha_size, K)
+        p = _safe_dirichlet(rng, np.full(K, alpha_size))
         sizes = min_size + _largest_remainder(n - K * min_size, p)
-    remaining = np.bincount(lab, minlength=C).astype(np.int64)
-    pools = [rng.permutation(np.flatnonzero(lab == c)) for c in range(C)]
-    taken = np.zeros(C, dtype=np.int64)
+    counts = np.bincount(lab, minlength=C)
+    present = np.flatnonzero(counts > 0)
+    freq = counts / n
+    conc = alpha * len(present) * freq[present]  # alpha per class when classes are balanced
+    pool = rng.permutation(n)  # unassigned rows, in random order
     parts = [None] * K
     for k in rng.permutation(K):
-        q = _safe_dirichlet(rng, alpha, C)
-        counts = np.zeros(C, dtype=np.int64)
-        need = int(sizes[k])
-        while need > 0:
-            avail = remaining - counts
-            w = q * (avail > 0)
-            if w.sum() <= 0:  # q puts no mass on the classes left: take them as they come
-                w = avail.astype(np.float64)
-            draw = np.minimum(rng.multinomial(need, w / w.sum()), avail)
-            counts += draw
-            need -= int(draw.sum())
-        idx = [pools[c][taken[c]:taken[c] + counts[c]] for c in range(C)]
-        taken += counts
-        remaining -= counts
-        parts[k] = np.concatenate(idx)
+        q = np.zeros(C)
+        q[present] = _safe_dirichlet(rng, conc)
+        # Weighted sampling without replacement (Efraimidis-Spirakis keys log(u) / w): each row of
+        # class c has weight q_c / freq_c, so a fresh pool yields mix q and q = freq is plain iid;
+        # classes that run out are replaced by the remaining ones in proportion to their weight.
+        w = q[lab[pool]] / freq[lab[pool]]
+        with np.errstate(divide="ignore", over="ignore"):
+            keys = np.where(w > 0, np.log(rng.random(pool.size)) / w, -np.inf)
+        m = int(sizes[k])
+        finite = np.flatnonzero(np.isfinite(keys))
+        if finite.size > m:
+            take = finite[np.argpartition(-keys[finite], m - 1)[:m]]
+        else:  # every row of positive weight, then weight-0 rows in (random) pool order
+            take = np.concatenate([finite, np.flatnonzero(~np.isfinite(keys))[: m - finite.size]])
+        parts[k] = pool[take]
+        pool = np.delete(pool, take)
     return parts
 
 
-def _safe_dirichlet(rng, a: float, m: int) -> np.ndarray:
-    p = rng.dirichlet(np.full(m, a))
+def _safe_dirichlet(rng, conc) -> np.ndarray:
+    conc = np.asarray(conc, dtype=np.float64)
+    p = rng.dirichlet(conc)
     if not np.all(np.isfinite(p)) or p.sum() <= 0:  # tiny concentrations can underflow
-        p = np.zeros(m)
-        p[rng.integers(m)] = 1.0
+        p = np.zeros(conc.shape[0])
+        p[rng.choice(conc.shape[0], p=conc / conc.sum())] = 1.0
     return p
 
 

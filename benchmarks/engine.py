@@ -1,0 +1,135 @@
+"""Engine cost, measured side by side in one run.
+
+1. One FedAvg round with the clients vmapped in one compiled function, vs a
+   Python loop calling the same compiled single-client update once per
+   client (then the same server update), for 10 and 100 clients.
+2. One local client step (minibatch sampling, gradient, optax update, step
+   masking inside ``lax.scan``) vs the bare minibatch gradient of the same
+   potential scanned the same number of times.
+
+Prints a Markdown table of ratios and writes benchmarks/results/engine.{json,md}.
+Usage: python benchmarks/engine.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fedprob as fp
+import fedprob.cli
+from fedprob.algorithms.base import Context
+from fedprob.engine import local
+from fedprob.potential import make_target
+from fedprob.run import get_potential
+
+
+def synthetic_federation(K: int, n: int, d: int = 64, C: int = 10, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    W = rng.normal(size=(d, C))
+    X = rng.normal(size=(K * n, d)).astype(np.float32)
+    y = np.argmax(X @ W + rng.gumbel(size=(K * n, C)), 1)
+    return fp.data.partition(X, y, num_clients=K, scheme="iid", seed=seed)
+
+
+def best_time(fn, repeats: int) -> float:
+    fn()  # warm
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def round_vs_loop(K: int, n: int, steps: int, repeats: int) -> dict:
+    fed = synthetic_federation(K, n)
+    model = fp.models.softmax_regression(num_classes=10)
+    algo = fp.algorithms.FedAvg(local_steps=steps, batch_size=32, learning_rate=0.1)
+    pot = get_potential(model, fed)
+    ctx = Context(pot, K, fed.sizes, fed.num_rows)
+    data = fed.client_data()
+    key = jax.random.PRNGKey(0)
+    server, clients = algo.init(ctx, key, data)
+    rnd, _ = local.compiled_round(algo, ctx, model, K, None, server, clients, data, key)
+
+    def vmapped():
+        jax.block_until_ready(rnd(server, clients, data, key)[0])
+
+    one = jax.jit(lambda s, d, k: algo.client_update(ctx, s, (), d, k)[1])
+    agg = jax.jit(lambda s, m, w, mask: algo.server_update(ctx, s, m, w, mask))
+    per_client = [jax.tree_util.tree_map(lambda a, i=i: a[i], data) for i in range(K)]
+    keys = [jax.random.fold_in(key, i) for i in range(K)]
+    mask = jnp.ones((K,), bool)
+
+    def loop():
+        msgs = [one(server, per_client[i], keys[i]) for i in range(K)]
+        jax.block_until_ready(agg(server, jnp.stack(msgs), data.n, mask))
+
+    t_v = best_time(vmapped, repeats)
+    t_l = best_time(loop, repeats)
+    return {"clients": K, "rows_per_client": n, "local_steps": steps, "vmapped_round_ms": 1e3 * t_v,
+            "python_loop_round_ms": 1e3 * t_l, "loop_over_vmapped": t_l / t_v}
+
+
+def step_vs_gradient(n: int, steps: int, repeats: int) -> dict:
+    fed = synthetic_federation(1, n)
+    model = fp.models.softmax_regression(num_classes=10)
+    pot = get_potential(model, fed)
+    ctx = Context(pot, 1, fed.sizes, fed.num_rows)
+    data = jax.tree_util.tree_map(lambda a: a[0], fed.client_data())
+    algo = fp.algorithms.FedAvg(local_steps=steps, batch_size=32, learning_rate=0.1)
+    key = jax.random.PRNGKey(0)
+    w0 = pot.init(key)
+    client = jax.jit(lambda w, k: algo.client_update(ctx, (w, None), (), data, k)[1])
+    target = make_target(data, pot.dim, prior_weight=1.0)
+    idx = jax.random.randint(key, (steps, 32), 0, n)
+    Xb, yb = data.X[idx], data.y[idx]
+    wts = jnp.full((32,), n / 32.0)
+
+    @jax.jit
+    def bare(w):
+        def body(w, xy):
+            g = jax.grad(lambda z: pot.log_joint(z, xy[0], xy[1], wts, target.prior_weight))(w)
+            return w + 1e-6 * g, None
+
+        return jax.lax.scan(body, w, (Xb, yb))[0]
+
+    t_step = best_time(lambda: jax.block_until_ready(client(w0, key)), repeats) / steps
+    t_grad = best_time(lambda: jax.block_until_ready(bare(w0)), repeats) / steps
+    return {"rows": n, "batch_size": 32, "steps": steps, "client_step_us": 1e6 * t_step,
+            "bare_gradient_us": 1e6 * t_grad, "step_over_gradient": t_step / t_grad}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    reps = 3 if args.quick else 10
+    steps = 10 if args.quick else 50
+    rows = [round_vs_loop(K, 100, steps, reps) for K in (10, 100)]
+    step = step_vs_gradient(1000, 200 if not args.quick else 50, reps)
+    meta = {"backend": jax.default_backend(), "devices": str(jax.devices()), "cpu_count": __import__("os").cpu_count(),
+            "python": platform.python_version(), "jax": jax.__version__, "quick": args.quick}
+    md = ["## Vmapped round vs Python loop over clients (FedAvg, softmax regression, d=650)", "",
+          fp.cli.format_table(rows), "", "## Local client step vs bare minibatch gradient", "",
+          fp.cli.format_table([step]), "", f"machine: {meta}"]
+    text = "\n".join(md)
+    print(text)
+    if not args.quick:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "engine.json").write_text(json.dumps({"rounds": rows, "step": step, "meta": meta}, indent=2))
+        (out / "engine.md").write_text(text + "\n")
+    return rows, step
+
+
+if __name__ == "__main__":
+    main()
