@@ -1,0 +1,136 @@
+"""MAP optimisation of one client's target: an optax loop under ``lax.scan``.
+
+The objective is the client's **mean** loss ``-log_density(z, target) / n``
+(:func:`fedprob.potential.mean_loss`), so learning rates carry across client
+sizes; its minimiser is the mode of the target (prior weight, likelihood
+weight and Gaussian term included). ``batch_size=None`` uses the full batch
+at every step; otherwise each step draws its own minibatch (unbiased for the
+sum over the client's points, see :func:`fedprob.potential.minibatch`).
+
+A step whose loss or new point is not finite is rejected (the point and the
+optimizer state stay as they were), so the result is always a finite point
+the loop has visited. With the full batch the best point seen is returned
+(L-BFGS is monotone up to line-search tolerance, so this is the last one).
+
+Usable by any backend: ``minimize(potential, target, init, key=...)`` is pure,
+jittable and vmappable over ``(target, init, key)``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedprob.potential import mean_loss
+
+Array = jax.Array
+
+OPTIMIZERS = ("lbfgs", "adam", "sgd")
+
+
+class MapResult(NamedTuple):
+    params: Array        # (d,) final (full batch: best) point
+    loss: Array          # () full-batch mean loss -log_density / n at params
+    grad_norm: Array     # () norm of the full-batch mean-loss gradient at params
+    num_rejected: Array  # () steps rejected for a non-finite loss or point
+
+
+def make_optimizer(optimizer: Union[str, optax.GradientTransformation, None] = None,
+                   learning_rate: Optional[float] = None,
+                   batch_size: Optional[int] = None) -> optax.GradientTransformationExtraArgs:
+    """The optax transformation for a name (or pass an optax transformation through).
+
+    ``None`` picks ``"lbfgs"`` (zoom line search) for the full batch and
+    ``"adam"`` for minibatches. ``learning_rate=None`` means: line search for
+    L-BFGS, 1e-2 for Adam and SGD (on the mean loss).
+    """
+    if optimizer is None:
+        optimizer = "lbfgs" if batch_size is None else "adam"
+    if isinstance(optimizer, str):
+        name = optimizer.lower()
+        if name == "lbfgs":
+            if batch_size is not None:
+                raise ValueError("optimizer='lbfgs' needs the full batch (batch_size=None); "
+                                 "use 'adam' or 'sgd' with minibatches")
+            tx = optax.lbfgs(learning_rate=learning_rate)
+        elif name == "adam":
+            tx = optax.adam(1e-2 if learning_rate is None else learning_rate)
+        elif name == "sgd":
+            tx = optax.sgd(1e-2 if learning_rate is None else learning_rate)
+        else:
+            raise ValueError(f"unknown optimizer '{optimizer}' (use one of {OPTIMIZERS} "
+                             "or an optax GradientTransformation)")
+    elif isinstance(optimizer, optax.GradientTransformation):
+        tx = optimizer
+    else:
+        raise ValueError(f"optimizer must be a name in {OPTIMIZERS} or an optax "
+                         f"GradientTransformation, got {type(optimizer).__name__}")
+    return optax.with_extra_args_support(tx)
+
+
+def _stores_value(state) -> bool:
+    try:
+        get = optax.tree.get
+        return get(state, "value") is not None and get(state, "grad") is not None
+    except (KeyError, ValueError):
+        return False
+
+
+def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num_steps: int = 200,
+             optimizer=None, learning_rate: Optional[float] = None,
+             batch_size: Optional[int] = None) -> MapResult:
+    """Minimise ``-log_density(z, target) / n`` from ``init`` with ``num_steps`` optax steps.
+
+    Returns a :class:`MapResult` (final point, full-batch mean loss and
+    gradient norm there, number of rejected steps).
+    """
+    if num_steps < 0:
+        raise ValueError(f"num_steps must be >= 0, got {num_steps}")
+    if batch_size is not None and batch_size <= 0:
+        raise ValueError(f"batch_size must be positive or None, got {batch_size}")
+    tx = make_optimizer(optimizer, learning_rate, batch_size)
+    key = jax.random.PRNGKey(0) if key is None else key
+
+    def full_loss(z):
+        return mean_loss(potential, z, target)
+
+    state0 = tx.init(init)
+    reuse = batch_size is None and _stores_value(state0)
+    full_vg = optax.value_and_grad_from_state(full_loss) if reuse else None
+
+    def step(carry, k):
+        z, state, best_z, best_loss, rejected = carry
+        if batch_size is None:
+            fn = full_loss
+            value, grad = full_vg(z, state=state) if reuse else jax.value_and_grad(fn)(z)
+        else:
+            def fn(x):
+                return mean_loss(potential, x, target, k, batch_size)
+            value, grad = jax.value_and_grad(fn)(z)
+        updates, new_state = tx.update(grad, state, z, value=value, grad=grad, value_fn=fn)
+        new_z = optax.apply_updates(z, updates)
+        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(grad)) & jnp.all(jnp.isfinite(new_z))
+        z_next = jnp.where(ok, new_z, z)
+        state_next = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_state, state)
+        # value is the loss at z (before the step): track the best point visited.
+        better = jnp.isfinite(value) & (value < best_loss)
+        best_z = jnp.where(better, z, best_z)
+        best_loss = jnp.where(better, value, best_loss)
+        return (z_next, state_next, best_z, best_loss, rejected + (~ok).astype(jnp.int32)), None
+
+    inf = jnp.array(jnp.inf, dtype=init.dtype)
+    carry0 = (init, state0, init, inf, jnp.array(0, jnp.int32))
+    keys = jax.random.split(key, max(num_steps, 1))[:num_steps]
+    (z, _, best_z, best_loss, rejected), _ = jax.lax.scan(step, carry0, keys)
+    loss, grad = jax.value_and_grad(full_loss)(z)
+    if batch_size is None:
+        # The last point was never scored inside the loop; keep it if it is the best.
+        use_last = jnp.isfinite(loss) & (loss <= best_loss)
+        z = jnp.where(use_last, z, best_z)
+        loss, grad = jax.value_and_grad(full_loss)(z)
+    return MapResult(z, loss, jnp.linalg.norm(grad), rejected)
+
+
+__all__ = ["MapResult", "minimize", "make_optimizer", "OPTIMIZERS"]

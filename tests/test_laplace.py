@@ -1,0 +1,266 @@
+"""Laplace client and its curvatures against exact answers.
+
+Oracles: Bayesian linear regression with known noise (the Laplace
+approximation is the exact posterior; GGN equals the Hessian), logistic and
+softmax regression (canonical links: GGN equals the Hessian at any point),
+a Normal likelihood with a learned scale (hand-computed GGN), and the product
+with a Gaussian term. Exactness checks run in float64.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from conftest import linreg_exact_posterior
+
+from fedprob.data.federated import FederatedData
+from fedprob.inference import Laplace, minimize
+from fedprob.inference.laplace import clip_precision, curvature
+from fedprob.posteriors import Gaussian
+from fedprob.potential import ClientData, Potential, make_target
+
+PRIOR, SIGMA, D = 1.0, 0.5, 3
+W_TRUE = np.array([1.0, -0.5, 0.3])
+N, N_VALID = 30, 25          # one padded client: rows 25..29 must not count
+
+
+def linreg(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([D]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w, SIGMA), obs=y)
+
+
+def logreg(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 2.0).expand([X.shape[1]]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w + b), obs=y)
+
+
+def softmax_reg(X, y=None):
+    W = numpyro.sample("W", dist.Normal(0.0, 1.0).expand([X.shape[1], 3]).to_event(2))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Categorical(logits=X @ W), obs=y)
+
+
+def linreg_learned_noise(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([D]).to_event(1))
+    s = numpyro.sample("s", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ w, s), obs=y)
+
+
+def student_reg(X, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, X @ w, 1.0), obs=y)
+
+
+@pytest.fixture(scope="module")
+def linreg_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(N, D))
+    y = X @ W_TRUE + SIGMA * rng.normal(size=N)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def exact(linreg_data):
+    X, y = linreg_data
+    mean, cov = linreg_exact_posterior([X[:N_VALID]], [y[:N_VALID]], SIGMA, PRIOR)
+    return mean, np.linalg.inv(cov)
+
+
+def x64_target(X, y, n, dim=D, **kw):
+    data = ClientData(jnp.asarray(X, jnp.float64), jnp.asarray(y), jnp.asarray(n))
+    return make_target(data, dim, dtype=jnp.float64, **kw)
+
+
+def test_all_curvatures_exact_on_linear_regression(linreg_data, exact):
+    """At the MAP: full = GGN = exact precision, diag = diag GGN = its diagonal (x64)."""
+    X, y = linreg_data
+    mean, P = exact
+    with jax.enable_x64(True):
+        pot = Potential(linreg, X, y)
+        target = x64_target(X, y, N_VALID)
+        opt = jax.jit(lambda t, z: minimize(pot, t, z))(target, jnp.zeros(D))
+        np.testing.assert_allclose(opt.params, mean, rtol=1e-6, atol=1e-8)
+        assert float(opt.grad_norm) < 1e-8
+        assert int(opt.num_rejected) == 0
+        curv = jax.jit(lambda t, z, h: curvature(pot, t, z, h), static_argnums=2)
+        for h in ("full", "ggn"):
+            np.testing.assert_allclose(curv(target, opt.params, h), P, rtol=1e-10, err_msg=h)
+        for h in ("diag", "diag_ggn"):
+            np.testing.assert_allclose(curv(target, opt.params, h), np.diag(P), rtol=1e-10, err_msg=h)
+
+
+def test_laplace_full_with_gaussian_term_and_prior_share_is_exact_product(linreg_data):
+    """prior_weight = 1/K and a full Gaussian term (linear, Lambda): the product is exact."""
+    X, y = linreg_data
+    K = 4
+    rng = np.random.default_rng(1)
+    A = rng.normal(size=(D, D))
+    Lam = A @ A.T + 0.5 * np.eye(D)
+    lin = rng.normal(size=D)
+    P = np.eye(D) / (K * PRIOR ** 2) + X[:N_VALID].T @ X[:N_VALID] / SIGMA ** 2 + Lam
+    b = X[:N_VALID].T @ y[:N_VALID] / SIGMA ** 2 + lin
+    with jax.enable_x64(True):
+        pot = Potential(linreg, X, y)
+        target = x64_target(X, y, N_VALID, prior_weight=1.0 / K, linear=lin, precision=Lam)
+        res = jax.jit(lambda k, t, z: Laplace(hessian="full").run(k, pot, t, z))(
+            jax.random.PRNGKey(0), target, jnp.ones(D))
+        assert isinstance(res.posterior, Gaussian) and not res.posterior.is_diag
+        np.testing.assert_allclose(res.posterior.precision, P, rtol=1e-10)
+        np.testing.assert_allclose(res.posterior.linear, b, rtol=1e-6)
+        np.testing.assert_allclose(res.params, np.linalg.solve(P, b), rtol=1e-6)
+        d = res.diagnostics
+        assert int(d["num_clipped"]) == 0 and bool(d["finite"])
+        assert float(d["grad_norm"]) < 1e-8
+        # final loss is -log pi(m) / n at the mode
+        lp = float(pot.log_density(res.params, target))
+        np.testing.assert_allclose(float(d["final_loss"]), -lp / N_VALID, rtol=1e-10)
+
+
+def test_laplace_vmap_clients_diag_ggn_float32():
+    """Several clients of different sizes at once; diag GGN = diag of each exact precision."""
+    rng = np.random.default_rng(2)
+    clients = []
+    for n in (8, 20, 35):
+        X = rng.normal(size=(n, D))
+        clients.append((X, X @ W_TRUE + SIGMA * rng.normal(size=n)))
+    fd = FederatedData.from_clients(clients)
+    pot = Potential(linreg, fd.X[0], fd.y[0])
+    targets = jax.vmap(lambda dd: make_target(dd, D))(fd.client_data())
+    lap = Laplace(hessian="diag_ggn")
+    res = jax.jit(lambda k, t, z: lap.run_clients(k, pot, t, z))(
+        jax.random.PRNGKey(0), targets, jnp.zeros((3, D)))
+    assert res.posterior.precision.shape == (3, D) and res.posterior.is_diag
+    for k, (X, y) in enumerate(clients):
+        mean, cov = linreg_exact_posterior([X], [y], SIGMA, PRIOR)
+        P = np.linalg.inv(cov)
+        np.testing.assert_allclose(res.params[k], mean, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(res.posterior.precision[k], np.diag(P), rtol=1e-5)
+        np.testing.assert_allclose(res.posterior.linear[k], np.diag(P) * np.asarray(res.params[k]),
+                                   rtol=1e-6)
+    assert np.all(res.diagnostics["num_clipped"] == 0)
+    assert np.all(res.diagnostics["grad_norm"] < 1e-3)
+
+
+def test_minibatch_map_full_batch_curvature(linreg_data, exact):
+    """Adam on minibatches finds the mode roughly; the curvature still uses all rows."""
+    X, y = linreg_data
+    mean, P = exact
+    pot = Potential(linreg, X, y)
+    data = ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(N_VALID))
+    # an optax transformation with a decaying step size (constant-step Adam keeps jittering)
+    lap = Laplace(hessian="full", batch_size=5, num_steps=1500,
+                  optimizer=optax.adam(optax.cosine_decay_schedule(0.05, 1500)))
+    res = jax.jit(lambda k, t, z: lap.run(k, pot, t, z))(jax.random.PRNGKey(3), make_target(data, D),
+                                                          jnp.zeros(D))
+    sd = np.sqrt(np.diag(np.linalg.inv(P)))
+    assert np.all(np.abs(np.asarray(res.params) - mean) < 0.2 * sd)
+    np.testing.assert_allclose(res.posterior.precision, P, rtol=1e-4)
+
+
+CURV = jax.jit(curvature, static_argnums=(0, 3))
+
+
+def test_ggn_equals_hessian_for_canonical_links():
+    """Bernoulli and Categorical logits are linear in the weights: GGN = Hessian anywhere."""
+    rng = np.random.default_rng(4)
+    n = 40
+    X = rng.normal(size=(n, D))
+    yb = (rng.random(n) < 0.5).astype(np.int32)
+    yc = rng.integers(0, 3, size=n).astype(np.int32)
+    with jax.enable_x64(True):
+        for model, y, dim in ((logreg, yb, D + 1), (softmax_reg, yc, 3 * D)):
+            pot = Potential(model, X, y)
+            target = x64_target(X, y, n - 3, dim=dim)
+            z = jnp.asarray(rng.normal(size=dim))
+            full = CURV(pot, target, z, "full")
+            np.testing.assert_allclose(CURV(pot, target, z, "ggn"), full, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(CURV(pot, target, z, "diag_ggn"), np.diag(full),
+                                       rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(CURV(pot, target, z, "diag"), np.diag(full),
+                                       rtol=1e-9, atol=1e-12)
+        # and at the MAP the Laplace run returns the same natural parameters
+        pot = Potential(logreg, X, yb)
+        target = x64_target(X, yb, n, dim=D + 1)
+        res = jax.jit(lambda k, t, z: Laplace(hessian="ggn").run(k, pot, t, z))(
+            jax.random.PRNGKey(0), target, jnp.zeros(D + 1))
+        full = CURV(pot, target, res.params, "full")
+        np.testing.assert_allclose(res.posterior.precision, full, rtol=1e-9)
+        assert float(res.diagnostics["grad_norm"]) < 1e-6
+
+
+def test_ggn_learned_noise_scale_hand_computed():
+    """Normal(Xw, s), s = exp(u) ~ LogNormal(0, 1): natural-parameter GGN is
+    blockdiag(X'X / s^2 + I / prior^2, 2 n + 1) (Fisher 2 per row for log s, prior 1)."""
+    rng = np.random.default_rng(5)
+    n = 20
+    X = rng.normal(size=(n, D))
+    y = rng.normal(size=n)
+    with jax.enable_x64(True):
+        pot = Potential(linreg_learned_noise, X, y)
+        target = x64_target(X, y, n, dim=D + 1)
+        u = -0.3
+        z = jnp.concatenate([jnp.asarray(rng.normal(size=D)), jnp.array([u])])
+        s2 = np.exp(2 * u)
+        expected = np.zeros((D + 1, D + 1))
+        expected[:D, :D] = X.T @ X / s2 + np.eye(D) / PRIOR ** 2
+        expected[D, D] = 2 * n + 1
+        ggn = CURV(pot, target, z, "ggn")
+        np.testing.assert_allclose(ggn, expected, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(CURV(pot, target, z, "diag_ggn"), np.diag(expected), rtol=1e-10)
+        assert np.all(np.linalg.eigvalsh(np.asarray(ggn)) > 0)
+
+
+def test_clipping_guard():
+    # vector: entries below the floor (NaN too) are raised and counted
+    P, n = clip_precision(jnp.array([-1.0, 0.0, 2.0, jnp.nan]), 1e-3)
+    np.testing.assert_allclose(P, [1e-3, 1e-3, 2.0, 1e-3])
+    assert int(n) == 3
+    # matrix: eigenvalues (-1, 3) -> (floor, 3)
+    Q = np.array([[np.cos(0.3), -np.sin(0.3)], [np.sin(0.3), np.cos(0.3)]])
+    M = Q @ np.diag([-1.0, 3.0]) @ Q.T
+    P, n = clip_precision(jnp.asarray(M, jnp.float32), 1e-2)
+    np.testing.assert_allclose(P, Q @ np.diag([1e-2, 3.0]) @ Q.T, atol=1e-5)
+    assert int(n) == 1
+    Pd = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+    P, n = clip_precision(Pd, 1e-6)
+    np.testing.assert_array_equal(P, Pd)
+    assert int(n) == 0
+
+
+def test_laplace_reports_clipped_precision(linreg_data, exact):
+    """A Gaussian term with a negative precision (an over-subtracted cavity) makes the
+    curvature indefinite: the entry is floored and reported."""
+    X, y = linreg_data
+    mean, P = exact
+    lam = np.zeros(D)
+    lam[0] = -(P[0, 0] + 1.0)
+    pot = Potential(linreg, X, y)
+    data = ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(N_VALID))
+    lap = Laplace(hessian="diag", optimizer="sgd", num_steps=0, min_precision=1e-3)
+    res = jax.jit(lambda k, t, z: lap.run(k, pot, t, z))(
+        jax.random.PRNGKey(0), make_target(data, D, precision=lam), jnp.zeros(D))
+    assert int(res.diagnostics["num_clipped"]) == 1
+    np.testing.assert_allclose(res.posterior.precision, [1e-3, P[1, 1], P[2, 2]], rtol=1e-5)
+
+
+def test_bad_input_fails_early(linreg_data):
+    X, y = linreg_data
+    with pytest.raises(ValueError, match="unknown hessian"):
+        Laplace(hessian="kfac")
+    with pytest.raises(ValueError, match="lbfgs"):
+        Laplace(optimizer="lbfgs", batch_size=4)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        Laplace(optimizer="rmsprop-ish")
+    with pytest.raises(ValueError, match="min_precision"):
+        Laplace(min_precision=0.0)
+    pot = Potential(student_reg, X, y)
+    data = ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(N))
+    with pytest.raises(ValueError, match="StudentT"):
+        curvature(pot, make_target(data, D), jnp.zeros(D), "ggn")
