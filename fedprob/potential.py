@@ -98,6 +98,33 @@ def _in_data_plate(site) -> Optional[Any]:
     return None
 
 
+def _abstract_trace(model, X, y, model_kwargs) -> dict:
+    """Static facts about every site of one model trace, traced abstractly (no FLOPs)."""
+    out = {}
+
+    def f(X, y):
+        with handlers.block():
+            tr = handlers.trace(handlers.seed(model, 0)).get_trace(X, y, **model_kwargs)
+        for name, site in tr.items():
+            entry = {"type": site["type"]}
+            if site["type"] == "sample":
+                fn = site["fn"]
+                entry.update(is_observed=bool(site["is_observed"]),
+                             in_data_plate=_in_data_plate(site) is not None,
+                             is_discrete=bool(fn.support.is_discrete),
+                             shape=tuple(jnp.shape(site["value"])), num_classes=None)
+                if not site["is_observed"] and not fn.support.is_discrete:
+                    u = biject_to(fn.support).inv(site["value"])
+                    entry["unconstrained_shape"] = tuple(jnp.shape(u))
+                if fn.support.is_discrete and fn.has_enumerate_support:
+                    entry["num_classes"] = int(fn.enumerate_support(expand=False).shape[0])
+            out[name] = entry
+        return jnp.zeros(())
+
+    jax.eval_shape(f, X, y)
+    return out
+
+
 def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     """Rows and per-row weights for one stochastic estimate of the log likelihood.
 
@@ -108,8 +135,12 @@ def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     """
     n_max = data.X.shape[0]
     if batch_size is None:
-        w = (jnp.arange(n_max) < data.n).astype(jnp.result_type(float))
-        return data.X, data.y, w
+        valid = jnp.arange(n_max) < data.n
+        w = valid.astype(jnp.result_type(float))
+        # padded rows are replaced by row 0 so that no padded value (even NaN) reaches a gradient
+        X = jnp.where(valid.reshape((-1,) + (1,) * (data.X.ndim - 1)), data.X, data.X[:1])
+        y = jnp.where(valid.reshape((-1,) + (1,) * (data.y.ndim - 1)), data.y, data.y[:1])
+        return X, y, w
     n = jnp.maximum(data.n, 1)
     idx = jax.random.randint(key, (batch_size,), 0, n)
     w = jnp.full((batch_size,), 1.0) * (data.n / batch_size)
@@ -132,12 +163,11 @@ class Potential:
         self.model_kwargs = dict(model_kwargs or {})
         X = jnp.asarray(X)[:2]
         y = jnp.asarray(y)[:2]
-        with handlers.block():
-            tr = handlers.trace(handlers.seed(model, 0)).get_trace(X, y, **self.model_kwargs)
+        info = _abstract_trace(model, X, y, self.model_kwargs)
         sites, observed, deterministic = [], [], []
         offset = 0
         has_plate = False
-        for name, site in tr.items():
+        for name, site in info.items():
             if site["type"] == "plate" and name == DATA_PLATE:
                 has_plate = True
             if site["type"] == "param":
@@ -148,28 +178,25 @@ class Potential:
                 deterministic.append(name)
             if site["type"] != "sample":
                 continue
-            frame = _in_data_plate(site)
+            in_plate = site["in_data_plate"]
+            has_plate = has_plate or in_plate
             if site["is_observed"]:
-                if frame is None:
+                if not in_plate:
                     raise ValueError(
                         f"observed site '{name}' is outside the plate named '{DATA_PLATE}'; put "
                         f"the likelihood inside `with numpyro.plate('{DATA_PLATE}', X.shape[0]):`")
                 observed.append(name)
                 continue
-            if frame is not None:
+            if in_plate:
                 raise ValueError(
                     f"latent site '{name}' lies inside the '{DATA_PLATE}' plate; per-datapoint "
                     "latent variables are not supported (marginalise them in the likelihood)")
-            if site["fn"].support.is_discrete:
+            if site["is_discrete"]:
                 raise ValueError(f"latent site '{name}' is discrete; only continuous parameters "
                                  "are supported")
-            value = site["value"]
-            u = biject_to(site["fn"].support).inv(value)
-            size = int(np.prod(u.shape))
-            sites.append(SiteInfo(name, tuple(value.shape), tuple(u.shape), offset, size))
+            size = int(np.prod(site["unconstrained_shape"]))
+            sites.append(SiteInfo(name, site["shape"], site["unconstrained_shape"], offset, size))
             offset += size
-        has_plate = has_plate or any(
-            _in_data_plate(s) is not None for s in tr.values() if s["type"] == "sample")
         if not has_plate:
             raise ValueError(
                 f"the model has no numpyro.plate named '{DATA_PLATE}': wrap the likelihood in "
@@ -184,11 +211,9 @@ class Potential:
         self.deterministic = tuple(deterministic)
         self.dim = offset
         self.site_names = tuple(s.name for s in sites)
-        fn = tr[observed[0]]["fn"]
-        self.task = "classification" if fn.support.is_discrete else "regression"
-        self.num_classes = None
-        if self.task == "classification" and fn.has_enumerate_support:
-            self.num_classes = int(fn.enumerate_support(expand=False).shape[0])
+        obs = info[observed[0]]
+        self.task = "classification" if obs["is_discrete"] else "regression"
+        self.num_classes = obs["num_classes"] if self.task == "classification" else None
         self.x_shape = tuple(X.shape[1:])
         self.y_shape = tuple(y.shape[1:])
 
