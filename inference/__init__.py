@@ -1,2 +1,11 @@
 """Client inference backends: every way a client infers its local posterior."""
 from .base import ClientBackend, ClientResult
+from .nuts import HMC, NUTS
+from .laplace import Laplace
+from .optim import minimize
+from .sgld import SGLD
+from .sghmc import SGHMC
+from .cyclical_sghmc import CyclicalSGHMC
+from .iasg import IASG
+from .svi import SVI
+from .ivon import IVON, IVONInputs, IVONState, bayes_admm_client_inputs, ivon_init, ivon_solve, ivon_step

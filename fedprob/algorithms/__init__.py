@@ -2,3 +2,8 @@
 from .base import Algorithm, Context
 from .fedavg import FedAvg
 from .fedprox import FedProx
+from .consensus import ConsensusMC
+from .ep_mcmc import EPMCMC
+from .predictive_bayes import PredictiveBayes, fit_beta
+from .ensemble import Ensemble
+from .one_shot_average import OneShotAverage
