@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import fedprob as fp
-import fedprob.cli
 from fedprob.algorithms.base import Context
 from fedprob.engine import local
 from fedprob.potential import make_target
@@ -119,8 +118,8 @@ def main(argv=None):
     meta = {"backend": jax.default_backend(), "devices": str(jax.devices()), "cpu_count": __import__("os").cpu_count(),
             "python": platform.python_version(), "jax": jax.__version__, "quick": args.quick}
     md = ["## Vmapped round vs Python loop over clients (FedAvg, softmax regression, d=650)", "",
-          fp.cli.format_table(rows), "", "## Local client step vs bare minibatch gradient", "",
-          fp.cli.format_table([step]), "", f"machine: {meta}"]
+          fp.report.format_table(rows), "", "## Local client step vs bare minibatch gradient", "",
+          fp.report.format_table([step]), "", f"machine: {meta}"]
     text = "\n".join(md)
     print(text)
     if not args.quick:

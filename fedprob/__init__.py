@@ -13,4 +13,4 @@ from .posteriors import Gaussian, GlobalPosterior, Samples
 
 __version__ = "0.1.0"
 from .run import Result, run
-from . import metrics, diagnostics
+from . import metrics, diagnostics, report

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .report import format_table
+
 UCI_SETS = ("air_quality", "bike_sharing", "wine_quality", "real_estate", "forest_fires")
 
 
@@ -137,20 +139,6 @@ def summary_row(name: str, result, total: float) -> dict:
     row["time_s"] = total
     row["compile_s"] = result.compile_time
     return row
-
-
-def format_table(rows) -> str:
-    """A Markdown table of dict rows (floats to 4 significant digits)."""
-    if not rows:
-        return ""
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-
-    def fmt(v):
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def cmd_demo(args) -> int:

@@ -8,11 +8,20 @@ def demo_methods(rounds: int, quick: bool):
     """(name, algorithm, rounds) triples shown by the demo."""
     from . import algorithms as A
 
+    from . import inference as I
+
     local = dict(local_epochs=1, batch_size=32, learning_rate=1.0)
+    sampler = I.CyclicalSGHMC(num_steps=400 if quick else 1500, num_cycles=4, samples_per_cycle=3,
+                              batch_size=32)
+    laplace = I.Laplace(hessian="diag_ggn")
     return [
         ("FedAvg", A.FedAvg(**local), rounds),
         ("FedProx(mu=0.1)", A.FedProx(mu=0.1, **local), rounds),
         ("FedAdam", A.FedAvg(server_optimizer="adam", server_learning_rate=0.1, **local), rounds),
+        ("OneShotAverage(Laplace)", A.OneShotAverage(client=laplace), 1),
+        ("EPMCMC(Laplace, diag)", A.EPMCMC(client=laplace, covariance="diag"), 1),
+        ("Ensemble(cSGHMC)", A.Ensemble(client=sampler), 1),
+        ("PredictiveBayes(cSGHMC)", A.PredictiveBayes(client=sampler), 1),
     ]
 
 
