@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
+from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
 Array = jax.Array
@@ -98,6 +99,13 @@ def _in_data_plate(site) -> Optional[Any]:
     return None
 
 
+def _is_real(support) -> bool:
+    """True for an unconstrained real support (possibly with event dimensions)."""
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real
+
+
 def _abstract_trace(model, X, y, model_kwargs) -> dict:
     """Static facts about every site of one model trace, traced abstractly (no FLOPs)."""
     out = {}
@@ -116,6 +124,7 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
                 if not site["is_observed"] and not fn.support.is_discrete:
                     u = biject_to(fn.support).inv(site["value"])
                     entry["unconstrained_shape"] = tuple(jnp.shape(u))
+                    entry["is_real"] = _is_real(fn.support)
                 if fn.support.is_discrete and fn.has_enumerate_support:
                     entry["num_classes"] = int(fn.enumerate_support(expand=False).shape[0])
             out[name] = entry
@@ -164,7 +173,7 @@ class Potential:
         X = jnp.asarray(X)[:2]
         y = jnp.asarray(y)[:2]
         info = _abstract_trace(model, X, y, self.model_kwargs)
-        sites, observed, deterministic = [], [], []
+        sites, observed, deterministic, real_sites = [], [], [], []
         offset = 0
         has_plate = False
         for name, site in info.items():
@@ -196,6 +205,7 @@ class Potential:
                                  "are supported")
             size = int(np.prod(site["unconstrained_shape"]))
             sites.append(SiteInfo(name, site["shape"], site["unconstrained_shape"], offset, size))
+            real_sites.append(site["is_real"])
             offset += size
         if not has_plate:
             raise ValueError(
@@ -207,6 +217,7 @@ class Potential:
         if not sites:
             raise ValueError("the model has no latent sample sites to infer")
         self.sites = tuple(sites)
+        self._real_mask = np.concatenate([np.full(s.size, r) for s, r in zip(sites, real_sites)])
         self.observed = tuple(observed)
         self.deterministic = tuple(deterministic)
         self.dim = offset
@@ -328,17 +339,32 @@ class Potential:
         return jax.value_and_grad(self.log_density)(z, target, key, batch_size)
 
     # -- initialisation ---------------------------------------------------------------------
-    def init(self, key: Array, strategy: str = "prior") -> Array:
-        """A starting point: ``"prior"`` (one prior draw) or ``"zeros"`` (z = 0)."""
-        if strategy == "zeros":
-            return jnp.zeros((self.dim,))
-        if strategy != "prior":
-            raise ValueError(f"unknown init strategy '{strategy}' (use 'prior' or 'zeros')")
+    def sample_prior(self, key: Array) -> Array:
+        """One draw of every latent site from the prior, as a flat unconstrained vector."""
         X = jnp.zeros((1,) + self.x_shape)
         with handlers.block():
             tr = handlers.trace(handlers.seed(self.model, key)).get_trace(X, None, **self.model_kwargs)
         return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"])
                            for s in self.sites})
+
+    def init(self, key: Array, strategy: str = "prior") -> Array:
+        """A starting point for optimisers and samplers.
+
+        ``"prior"``: real-valued sites (weights, biases) drawn from the prior;
+        sites with a constrained support (scales, simplexes, ...) at the centre
+        of their unconstrained space (a scale of 1), because a prior draw of a
+        scale can be tiny and make every gradient step diverge.
+        ``"prior_full"``: every site drawn from the prior (:meth:`sample_prior`).
+        ``"zeros"``: z = 0.
+        """
+        if strategy == "zeros":
+            return jnp.zeros((self.dim,))
+        if strategy not in ("prior", "prior_full"):
+            raise ValueError(f"unknown init strategy '{strategy}' (use 'prior', 'prior_full' or 'zeros')")
+        z = self.sample_prior(key)
+        if strategy == "prior":
+            z = jnp.where(self._real_mask, z, 0.0)
+        return z
 
     # -- prediction -----------------------------------------------------------------------
     def predictive_distribution(self, z: Array, X):

@@ -131,7 +131,7 @@ def test_model_through_potential(name):
 
     @jax.jit
     def run(data, keys, init_keys):
-        draws = jax.lax.map(pot.init, init_keys)      # prior draws, the library's initialisation
+        draws = jax.lax.map(pot.sample_prior, init_keys)      # prior draws
         z = draws[0]
 
         def client(d, k):

@@ -548,3 +548,24 @@ def test_predictive_bayes_with_cyclical_sghmc_on_digits():
     assert post.info["uniform_prior_predictive_points"] == len(ds.y_test)
     post.fit_beta(ds.X_train[:300], ds.y_train[:300])
     assert fp.metrics.evaluate(post, ds.X_test, ds.y_test)["nll"] <= h["nll"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPoint(ClientBackend):
+    """Returns its starting point as a single draw (to observe where clients start)."""
+
+    output = "samples"
+    init_strategy = "prior"
+
+    def run(self, key, potential, target, init):
+        return ClientResult(Samples(init[None]), init, {})
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_shared_start_puts_every_client_at_one_point(shared):
+    fed = fp.data.FederatedData.from_clients(make_clients())
+    r = fp.run(fp.algorithms.Ensemble(client=StartPoint(), shared_start=shared), model, fed, rounds=1,
+               seed=0, progress=False)
+    starts = np.asarray(jax.tree_util.tree_leaves(r.server_state.messages)[0]).reshape(K, -1)
+    spread = np.max(np.abs(starts - starts[0]))
+    assert (spread == 0.0) if shared else (spread > 1e-3)

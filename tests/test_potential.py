@@ -265,6 +265,17 @@ def test_init_strategies():
     p = pot.constrain(a)
     assert p["sigma"] > 0 and p["nu"] > 0
     np.testing.assert_allclose(jnp.sum(p["pi"]), 1.0, rtol=1e-6)
+    # "prior" starts constrained sites at the centre of their unconstrained space (scale 1) ...
+    np.testing.assert_allclose(p["sigma"], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(p["pi"], np.full(3, 1 / 3), rtol=1e-5)
+    # ... while "prior_full" is an honest prior draw of every site
+    full = pot.constrain(pot.init(jax.random.PRNGKey(0), "prior_full"))
+    np.testing.assert_array_equal(pot.init(jax.random.PRNGKey(0), "prior_full"),
+                                  pot.sample_prior(jax.random.PRNGKey(0)))
+    assert not np.isclose(full["sigma"], 1.0)
+    real = [s.name for s in pot.sites if s.name not in ("sigma", "nu", "pi")]
+    for name in real:
+        np.testing.assert_array_equal(p[name], full[name])
     with pytest.raises(ValueError, match="unknown init strategy"):
         pot.init(jax.random.PRNGKey(0), "uniform")
 

@@ -71,11 +71,15 @@ def check_client(client):
 class OneRoundAlgorithm(Algorithm):
     """Base of the one-round methods (see the module docstring).
 
-    ``client=None`` uses :meth:`default_client`. Subclasses implement
+    ``client=None`` uses :meth:`default_client`. ``shared_start=True`` starts
+    every client from the same point (drawn with the server's key): the
+    parameter-space aggregates of neural networks need it, since hidden units
+    of independently started clients do not line up. Subclasses implement
     :meth:`prior_weight`, :meth:`make_message` and :meth:`posterior`.
     """
 
     client: Any = None
+    shared_start: bool = True
 
     default_rounds = 1
 
@@ -104,21 +108,24 @@ class OneRoundAlgorithm(Algorithm):
         raise NotImplementedError
 
     # -- protocol ------------------------------------------------------------------------------
-    def run_client(self, ctx: Context, data, key):
+    def run_client(self, ctx: Context, data, key, start_key=None):
         """Run the backend on this client's target (prior share from :meth:`prior_weight`).
 
-        The chain starts from ``potential.init(key, backend.init_strategy)``:
-        a prior draw unless the backend asks for another start.
+        The chain starts from ``potential.init(k, backend.init_strategy)`` with
+        ``k = start_key`` (shared by all clients) when ``shared_start`` is set,
+        else a key of this client's own.
         """
         k_init, k_run = jax.random.split(key)
+        if self.shared_start and start_key is not None:
+            k_init = start_key
         backend = self.backend
         target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx))
         z0 = ctx.potential.init(k_init, getattr(backend, "init_strategy", "prior"))
         return backend.run(k_run, ctx.potential, target, z0)
 
-    def _client_message(self, ctx: Context, data, key):
+    def _client_message(self, ctx: Context, data, key, start_key=None):
         k_run, k_msg = jax.random.split(key)
-        result = self.run_client(ctx, data, k_run)
+        result = self.run_client(ctx, data, k_run, start_key)
         return self.make_message(ctx, result, k_msg), result.diagnostics
 
     def init(self, ctx: Context, key, data):
@@ -129,7 +136,7 @@ class OneRoundAlgorithm(Algorithm):
         K = ctx.num_clients
         one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
         kspec = jax.ShapeDtypeStruct(jnp.shape(key), jnp.asarray(key).dtype)
-        shapes, _ = jax.eval_shape(lambda d, k: self._client_message(ctx, d, k), one, kspec)
+        shapes, _ = jax.eval_shape(lambda d, k: self._client_message(ctx, d, k, k), one, kspec)
         self.check_message(ctx, shapes)
         messages = jax.tree_util.tree_map(lambda s: jnp.zeros((K,) + s.shape, s.dtype), shapes)
         server = OneRoundState(messages, jnp.zeros((K,), bool), jnp.zeros((K,), jnp.result_type(float)),
@@ -141,7 +148,8 @@ class OneRoundAlgorithm(Algorithm):
 
     def client_update(self, ctx: Context, server_state, client_state, data, key):
         """Run the backend once; the message is ``(client id, payload)``, the diagnostics the backend's."""
-        message, diagnostics = self._client_message(ctx, data, key)
+        start_key = jax.random.fold_in(server_state.key, 1)
+        message, diagnostics = self._client_message(ctx, data, key, start_key)
         return client_state, (client_state, message), diagnostics
 
     def server_update(self, ctx: Context, server_state: OneRoundState, messages, weights, mask):
@@ -219,7 +227,7 @@ def _moment_match(draws, diag: bool, jitter: float) -> Gaussian:
 def _prior_check(potential, key, check_points: int):
     """log-prior gradients at 0, at 1 and at prior draws: (b, p, exact mask)."""
     d = potential.dim
-    pts = jax.vmap(potential.init)(jax.random.split(key, check_points))
+    pts = jax.vmap(potential.sample_prior)(jax.random.split(key, check_points))
     z = jnp.concatenate([jnp.zeros((1, d), pts.dtype), jnp.ones((1, d), pts.dtype), pts])
     g = jax.vmap(jax.grad(potential.log_prior))(z)
     b, p, g = g[0], g[0] - g[1], g[2:]
@@ -232,7 +240,7 @@ def _prior_check(potential, key, check_points: int):
 @partial(jax.jit, static_argnums=(0, 2))
 def prior_draws(potential, key, num_samples: int):
     """(num_samples, d) prior draws in the flat unconstrained layout (compiled once per model)."""
-    return jax.vmap(potential.init)(jax.random.split(key, num_samples))
+    return jax.vmap(potential.sample_prior)(jax.random.split(key, num_samples))
 
 
 @partial(jax.jit, static_argnums=(0, 2))
@@ -252,7 +260,7 @@ def prior_gaussian(potential, key, diag: bool, num_samples: int = 2000, check_po
     ``LogNormal`` one after its log transform) get their exact natural
     parameters ``(b, p)``. The other coordinates (e.g. a HalfNormal noise
     scale, hierarchical or heavy-tailed priors) are moment-matched to
-    ``num_samples`` prior draws (``potential.init(key, "prior")``); they are
+    ``num_samples`` prior draws (``potential.sample_prior``); they are
     assumed independent of the exact ones, which holds because an exact
     coordinate's gradient involves no other coordinate. ``exact`` is True when
     every coordinate was exact.
