@@ -30,17 +30,25 @@ def _values(idata, name):
     return np.asarray(post[name])
 
 
-def ess(draws: np.ndarray) -> np.ndarray:
+def _elementwise(fn, draws) -> np.ndarray:
+    """Apply a (chains, draws) -> scalar ArviZ statistic to every trailing element."""
+    x = np.asarray(draws, np.float64)
+    if x.ndim < 2:
+        raise ValueError(f"draws must have shape (chains, draws, ...), got {x.shape}")
+    flat = x.reshape(x.shape[0], x.shape[1], -1)
+    vals = []
+    for j in range(flat.shape[-1]):
+        r = fn(flat[:, :, j])
+        vals.append(float(np.asarray(getattr(r, "values", r))))
+    return np.array(vals).reshape(x.shape[2:])
+
+
+def ess(draws) -> np.ndarray:
     """Bulk effective sample size of (chains, draws, ...) samples, elementwise."""
     az = _az()
-    x = np.asarray(draws, np.float64)
-    out = az.ess(x, method="bulk") if hasattr(az, "ess") else None
-    return np.asarray(getattr(out, "values", out))
+    return _elementwise(lambda a: az.ess(a, method="bulk"), draws)
 
 
-def rhat(draws: np.ndarray) -> np.ndarray:
+def rhat(draws) -> np.ndarray:
     """Rank-normalised split R-hat of (chains, draws, ...) samples, elementwise."""
-    az = _az()
-    x = np.asarray(draws, np.float64)
-    out = az.rhat(x)
-    return np.asarray(getattr(out, "values", out))
+    return _elementwise(_az().rhat, draws)

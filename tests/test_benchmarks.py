@@ -1,0 +1,121 @@
+"""CI-sized runs of the benchmark scripts in benchmarks/ (their ``--quick`` mode).
+
+Each test imports one script by path and calls its ``main(["--quick"])``
+(which prints its tables and writes no files), then checks the numbers it
+returns are usable: every timing ratio positive and finite, and the vmapped
+clients not slower than 1.5 times the Python loop over the same clients.
+One test function per script.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load_script(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package).
+
+    The module is registered in ``sys.modules`` before it runs, as a normal
+    import would (dataclasses defined in the script look their module up there).
+    """
+    path = BENCHMARKS / f"{name}.py"
+    mod_name = f"benchmark_{name}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(mod_name, None)
+        raise
+    return module
+
+
+def positive_finite(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def test_engine_benchmark_quick(tmp_path):
+    engine = load_script("engine")
+    rows, step = engine.main(["--quick", "--out", str(tmp_path)])
+    assert [r["clients"] for r in rows] == [10, 100]
+    for r in rows:
+        for k in ("vmapped_round_ms", "python_loop_round_ms", "loop_over_vmapped"):
+            assert positive_finite(r[k]), (k, r)
+        assert r["loop_over_vmapped"] > 1 / 1.5, r
+    for k in ("client_step_us", "bare_gradient_us", "step_over_gradient"):
+        assert positive_finite(step[k]), (k, step)
+    assert not any(tmp_path.iterdir())     # --quick writes no result files
+
+
+def test_inference_benchmark_quick(tmp_path):
+    bench = load_script("inference")
+    out = bench.main(["--quick", "--out", str(tmp_path)])
+    steps = out["steps"]
+    assert {r["sampler"] for r in steps} >= {"SGLD", "IASG"}
+    for r in steps:
+        for k in ("step_us", "bare_gradient_us", "step_over_gradient", "gradient_plus_noise_us",
+                  "step_over_gradient_plus_noise"):
+            assert positive_finite(r[k]), (k, r)
+    assert [r["clients"] for r in out["clients"]] == [10]
+    for r in out["clients"]:
+        for k in ("vmapped_ms", "python_loop_ms", "loop_over_vmapped", "loop_over_vmapped_best"):
+            assert positive_finite(r[k]), (k, r)
+        # The best-of-repeats ratio: medians on a shared 2-core machine swing by 2x.
+        assert r["loop_over_vmapped_best"] > 1 / 1.5, r
+    ess = {r["sampler"].split(" ")[0]: r for r in out["ess"]}
+    assert set(ess) == {"NUTS", "SGHMC", "CyclicalSGHMC"}
+    for r in out["ess"]:
+        for k in ("wall_s", "min_ess", "median_ess", "min_ess_per_s", "median_ess_per_s"):
+            assert positive_finite(r[k]), (k, r)
+        # bulk ESS may exceed the draw count (antithetic NUTS draws), not by several times
+        assert r["min_ess"] <= r["median_ess"] <= 4 * r["chains"] * r["draws_per_chain"]
+    # NUTS on a logistic regression mixes: bulk ESS well above a tenth of its draws
+    nuts = ess["NUTS"]
+    assert nuts["min_ess"] > 0.1 * nuts["chains"] * nuts["draws_per_chain"]
+    assert out["meta"]["cpu_count"] >= 1 and out["meta"]["backend"]
+    assert not any(tmp_path.iterdir())
+
+
+def test_one_round_benchmark_quick(data_root):
+    """benchmarks/one_round.py --quick: every one-round aggregate from one set of cSGHMC client runs
+    plus FedAvg, on 2,000 MNIST rows (label sort h=0.9) and real estate (feature-sorted clients)."""
+    bench = load_script("one_round")
+    results = BENCHMARKS / "results" / "one_round.json"
+    before = results.stat().st_mtime_ns if results.exists() else None
+    out = bench.main(["--quick", "--data", str(data_root)])
+    after = results.stat().st_mtime_ns if results.exists() else None
+    assert before == after                  # --quick without --out writes nothing
+    methods = {"PredictiveBayes", "PredictiveBayes (β-pooled)", "EPMCMC (diag)", "OneShotAverage",
+               "Ensemble", "FedAvg (5 rounds)"}
+    one_round = {"PredictiveBayes", "PredictiveBayes (β-pooled)", "EPMCMC (diag)", "OneShotAverage",
+                 "Ensemble"}
+    cls = {r["method"]: r for r in out["classification"]}
+    reg = {r["method"]: r for r in out["regression"]}
+    assert set(cls) == methods and set(reg) == methods | {"Least squares (pooled, reference)"}
+    for rows in (cls, reg):
+        # the one-round aggregates share ONE client run: same training time, same client steps
+        assert len({rows[m]["train_s"] for m in one_round}) == 1
+        assert len({rows[m]["client_steps"] for m in one_round}) == 1
+        for r in rows.values():
+            assert r["excluded_clients"] == 0, r          # no client diverged
+            assert math.isfinite(r["nll"]), r
+        assert 0.0 <= rows["PredictiveBayes (β-pooled)"]["beta"] <= 1.0
+    for r in cls.values():
+        assert r["dataset"] == "mnist" and r["heterogeneity"] == 0.9 and 0.0 <= r["accuracy"] <= 1.0
+    # chance is 0.1: the mixture of client predictives and FedAvg learn something in 5 epochs
+    assert cls["Ensemble"]["accuracy"] > 0.3 and cls["FedAvg (5 rounds)"]["accuracy"] > 0.3
+    for r in reg.values():
+        assert r["dataset"] == "real_estate" and r["split"] == "feature_sort"
+        # standardized target (test variance 1.0, so the constant predictor scores ~1.0): no method
+        # diverges
+        assert 0.0 < r["mse"] < 1.5 and 0.0 <= r["coverage_95"] <= 1.0, r
+    # the paper's numbers as typed from its Tables 1-2
+    assert bench.PAPER["table1_accuracy_percent"]["PredictiveBayes"]["mnist"] == (97.28, 0.19)
+    assert bench.PAPER["table1_accuracy_percent"]["EP MCMC"]["fashion_mnist"] == (83.30, 1.53)
+    assert bench.PAPER["table2_mse"]["PredictiveBayes"]["bike_sharing"] == (0.0587, 0.0120)
+    assert bench.PAPER["table2_mse"]["FedAvg (5 rounds)"]["air_quality"] == (1.070, 0.022)
