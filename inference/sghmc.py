@@ -31,8 +31,8 @@ from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_f
 Array = jax.Array
 
 #: ``eta * lambda_max`` of the adapted default learning rate (see ``sgmcmc``): with
-#: friction 0.1 the stiffest direction's stationary variance is about 15% too large.
-SGHMC_RATE = 0.5
+#: friction 0.1 the stiffest direction's stationary variance is about 7% too large.
+SGHMC_RATE = 0.25
 
 
 class SGHMCState(NamedTuple):
@@ -76,7 +76,7 @@ class SGHMC(ClientBackend):
 
     step_size: eta (acts on the gradient of the log posterior, a sum over the
         client's points); ``None`` adapts it during burn-in to
-        ``0.5 / lambda_max``, ``lambda_max`` the largest curvature of the
+        ``0.25 / lambda_max``, ``lambda_max`` the largest curvature of the
         target (see :mod:`fedprob.inference.sgmcmc`), which scales like
         ``1 / n_k``.
     friction: alpha in (0, 1] (momentum decay ``1 - alpha``).
@@ -84,7 +84,7 @@ class SGHMC(ClientBackend):
         max_gradient_noise, init_strategy: as in :class:`~fedprob.inference.SGLD`.
 
     Diagnostics: those of SGLD (``grad_norm``, ``log_density``,
-    ``nonfinite`` / ``finite``, ``ess``, ``step_size``,
+    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``burnin_restarts``,
     ``gradient_noise_ratio`` = ``eta tr Sigma_g / (2 alpha T d)``) and
     ``kinetic_temperature`` (see the module docstring).
     """
@@ -128,10 +128,12 @@ class SGHMC(ClientBackend):
                                      None, start, iters)
 
         final = None
-        if self.batch_size is not None and T > 0 and self.max_gradient_noise is not None:
+        if self.batch_size is not None and T > 0:
             def final(k, s, eta, looseness):
-                return noise_capped(eta, sghmc_noise_coef(vg, s.position, k, alpha, T),
-                                    self.max_gradient_noise * looseness)
+                coef = sghmc_noise_coef(vg, s.position, k, alpha, T)
+                if self.max_gradient_noise is not None:
+                    eta = noise_capped(eta, coef, self.max_gradient_noise * looseness)
+                return eta, coef
 
         fixed = None if self.step_size is None else jnp.asarray(self.step_size, z0.dtype)
         out = run_chain(kernel, sghmc_init(z0), k_run, num_burnin=self.num_burnin,
@@ -142,18 +144,19 @@ class SGHMC(ClientBackend):
         diag["kinetic_temperature"] = jnp.mean(out.sample_info["kinetic"])
         if self.batch_size is None:
             ratio = jnp.zeros((), z0.dtype)
+        elif out.noise_coef is not None:
+            ratio = out.step_size * out.noise_coef
         else:
             ratio = out.step_size * sghmc_noise_coef(vg, out.state.position, k_noise, alpha, T)
         diag["gradient_noise_ratio"] = ratio
         return ClientResult(Samples(out.draws), out.state.position, diag)
 
 
-def sghmc_noise_coef(vg, z, key, friction, temperature):
+def sghmc_noise_coef(vg, z, key, friction, temperature, num_pairs=8):
     """``tr Sigma_g / (2 alpha T d)``: minibatch over injected noise variance per unit ``eta``."""
-    var = gradient_noise_variance(lambda x, k: vg(x, k)[1], z, key)
+    var = gradient_noise_variance(lambda x, k: vg(x, k)[1], z, key, num_pairs)
     return jnp.sum(var) / (2.0 * friction * temperature * z.shape[0])
 
 
 __all__ = ["SGHMC", "SGHMCState", "sghmc_init", "sghmc_step", "momentum_step", "kinetic_temperature",
-           "sghmc_noise_coef",
-           "SGHMC_RATE"]
+           "sghmc_noise_coef", "SGHMC_RATE"]

@@ -30,28 +30,36 @@ step size of ``None`` therefore means *adapted to the target's curvature*::
 with ``lambda_max`` the largest |eigenvalue| of the Hessian of the client's
 log target at the current point (in the sampler's metric), estimated by
 :func:`max_curvature` (power iteration on Hessian-vector products over one
-minibatch), re-estimated every 50 burn-in steps (warm-started) and at the
-end of burn-in, then frozen for sampling (:func:`run_chain`). ``rate`` is the
-dimensionless product ``step_size * lambda_max`` each sampler fixes (it
-bounds the discretisation bias in the stiffest direction). For a client of
-``n_k`` points on standardised data this is ``rate / (n_k h)`` with ``h``
-the largest per-point curvature, so the default carries over to any client
-size, prior share (``prior_weight``), likelihood weight and Gaussian term.
-A number given as ``step_size`` is used as it is.
+minibatch). It is estimated at the start point, re-estimated (warm-started)
+after every 50 burn-in steps, and the last estimate is frozen for sampling
+(:func:`run_chain`; cyclical SGHMC re-estimates its initial rate about every
+50 steps throughout). ``rate`` is the dimensionless product
+``step_size * lambda_max`` each sampler fixes; it bounds the
+discretisation bias in the stiffest direction. For a client of ``n_k``
+points on standardised data this is ``rate / (n_k h)``, ``h`` the largest
+per-point curvature, so the default carries over to any client size, prior
+share (``prior_weight``), likelihood weight and Gaussian term, and follows
+the curvature as the chain moves. A step adapted to the local curvature can
+still be too large where the chain goes next (momentum carries it into
+stiffer regions, e.g. towards a small regression noise scale): a burn-in
+window that produces NaN/inf is rolled back and every later step halved
+(diagnostic ``burnin_restarts``). A number given as ``step_size`` is used as
+it is, with no adaptation and no rollback.
 
 Minibatch noise. A minibatch gradient adds noise of covariance ``Sigma_g``
 (zero for the full batch); it inflates the sampled variance by about the
-ratio of the two noises per step (e.g. SGLD:
-``(eps/2)^2 tr Sigma_g / (eps T d)``), which is linear in the step size.
-The adapted step of the samplers is therefore also capped so that this
-ratio stays below ``max_gradient_noise`` (10 times that in the first half
-of burn-in, where the chain travels), 0.1 by default: about 10% excess
-variance; ``Sigma_g`` estimated from pairs of minibatch gradients,
-:func:`gradient_noise_variance`). With small batches of a large client this
-makes the step small (it scales like ``b / n_k^2``) and the chain slow:
-check the ``ess`` diagnostic, run longer or raise the batch size. The
-diagnostic ``gradient_noise_ratio`` reports the ratio at the chain's final
-point; values near or above 1 mean over-dispersed draws.
+ratio of the two noises per step (SGLD: ``(eps/2)^2 tr Sigma_g / (eps T d)``),
+which is linear in the step size. The adapted step is therefore also capped
+so that this ratio stays below ``max_gradient_noise`` (0.1 by default, about
+10% excess variance; 10 times that in the first half of burn-in, where the
+chain travels), with ``Sigma_g`` estimated from pairs of minibatch gradients
+(:func:`gradient_noise_variance`). With small batches of a large client the
+capped step is small (it scales like ``b / n_k^2``) and the chain slow:
+check the ``ess`` diagnostic, run longer or raise the batch size (or set
+``max_gradient_noise=None`` and accept over-dispersed draws). The diagnostic
+``gradient_noise_ratio`` reports the ratio at the end of burn-in (adapted
+step) or at the final point (given step); values near or above 1 mean
+over-dispersed draws.
 """
 from __future__ import annotations
 
@@ -63,7 +71,7 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-INIT_STRATEGIES = ("prior", "zeros")
+INIT_STRATEGIES = ("prior", "prior_full", "zeros")
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -249,6 +257,8 @@ class ChainOutput(NamedTuple):
     sample_info: dict    # name -> (num_samples, steps_per_draw) per-step values
     step_size: Array     # () step size of the sampling phase
     restarts: Array      # () burn-in windows rolled back for NaN/inf (adapted step only)
+    noise_coef: Optional[Array] = None   # () gradient-noise ratio per unit step at the end of
+                                         # burn-in (from ``final``; None without it)
 
 
 def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, num_samples: int,
@@ -262,14 +272,17 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, num_sampl
     (``info`` a dict of scalars); ``sample_kernel`` (default ``kernel``) the
     step of the sampling phase. Either a fixed ``step_size``, or
     ``adapt(key, state, start, num_iters) -> (step_size, eigenvector)``: then
-    the step size is estimated at the start point, re-estimated (warm-started
-    power iteration) every ``adapt_every`` burn-in steps and once more at the
-    end of burn-in, and frozen for sampling. ``final(key, state, step_size,
-    looseness)`` (the gradient-noise cap), when given, acts on every
-    estimate: ``looseness`` is 10 (a 10 times looser cap) at the start and
-    in the first half of the burn-in windows, where the chain travels, and 1
-    in the second half and for sampling, where it settles. (Leftover
-    ``num_burnin mod adapt_every`` steps run first, with the start estimate.)
+    the step size is estimated at the start point and re-estimated
+    (warm-started power iteration) at the end of every ``adapt_every``
+    burn-in steps; the last estimate is frozen for sampling. ``final(key,
+    state, step_size, looseness) -> (step_size, noise_coef)`` (the
+    gradient-noise cap), when given, acts on every estimate (the last
+    ``noise_coef`` is returned): ``looseness`` is 10 (a 10 times looser cap)
+    for the first half of the burn-in windows, where the chain travels, and 1
+    for the second half and for sampling, where it settles. A window that
+    produces NaN/inf is rolled back to ``reset(state at its start)`` and the
+    step multiplied by 1/2 from then on. (Leftover ``num_burnin mod
+    adapt_every`` steps run first, with the start estimate.)
     A block's draw is its last position (``reduce="last"``: thinning) or the
     average of its positions (``reduce="mean"``: iterate averaging, IASG).
     Everything is ``lax.scan``.
@@ -284,46 +297,54 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, num_sampl
     def steps(s, keys, eps, kern=kernel):
         return jax.lax.scan(lambda c, k: kern(k, c, eps), s, keys)
 
+    burn_info = None
+    restarts = jnp.zeros((), jnp.int32)
+    coef = None
     if adapt is None:
         eps = jnp.asarray(step_size)
-        state, burn_info = steps(state, jax.random.split(k_burn, num_burnin), eps)
-        restarts = jnp.zeros((), jnp.int32)
+        if num_burnin:
+            state, burn_info = steps(state, jax.random.split(k_burn, num_burnin), eps)
     else:
-        k_first, k_win, k_last, k_final = jax.random.split(k_adapt, 4)
-        eps, v = adapt(k_first, state, None, POWER_ITERS)
-        if final is not None:
-            eps = final(jax.random.fold_in(k_final, nw + 1), state, eps, EARLY_LOOSENESS)
         nw, rest = divmod(num_burnin, adapt_every)
-        k_rest, k_steps = jax.random.split(k_burn)
-        state, burn_info = steps(state, jax.random.split(k_rest, rest), eps)
-        restarts = jnp.zeros((), jnp.int32)
+
+        def estimate(k, s, v, looseness):
+            k_curv, k_cap = jax.random.split(k)
+            e, v = adapt(k_curv, s, v, POWER_ITERS if v is None else WARM_ITERS)
+            coef = jnp.zeros((), e.dtype)
+            if final is not None:
+                e, coef = final(k_cap, s, e, looseness)
+            return e, v, coef
+
+        def looseness(j):
+            # window j (j = nw: the sampling phase) caps the gradient noise loosely in the
+            # first half of burn-in
+            return jnp.where(j >= nw // 2, 1.0, EARLY_LOOSENESS)
+
+        k_first, k_rest, k_win = jax.random.split(k_adapt, 3)
+        eps, v, coef = estimate(k_first, state, None, looseness(0))
+        if rest:
+            state, burn_info = steps(state, jax.random.split(k_rest, rest), eps)
+        mult = jnp.ones((), eps.dtype)
         if nw:
             def window(carry, xs):
-                s, v, m, r = carry
-                ks, late = xs
-                e, v = adapt(ks[0], s, v, WARM_ITERS)
-                if final is not None:
-                    e = final(ks[2], s, e, jnp.where(late, 1.0, EARLY_LOOSENESS))
-                s_new, info = steps(s, jax.random.split(ks[1], adapt_every), e * m)
-                # A window that produced NaN/inf is rolled back (momentum reset)
-                # and the step multiplier halved.
+                s, e, v, m, r, _ = carry
+                ks, j = xs
+                s_new, info = steps(s, jax.random.split(ks[0], adapt_every), e * m)
+                # A window that produced NaN/inf is rolled back (reset, e.g. zero
+                # momentum) and the step multiplier halved.
                 ok = jnp.all(info["finite"])
                 s = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), s_new, reset(s))
-                return (s, v, jnp.where(ok, m, 0.5 * m), r + (~ok).astype(jnp.int32)), info
+                m = jnp.where(ok, m, 0.5 * m)
+                e, v, c = estimate(ks[1], s, v, looseness(j + 1))   # for the next window
+                return (s, e, v, m, r + (~ok).astype(jnp.int32), c), info
 
-            keys = jnp.stack([jax.random.split(k_win, nw), jax.random.split(k_steps, nw),
-                              jax.random.split(k_final, nw)], axis=1)
-            late = jnp.arange(nw) >= nw // 2
-            carry = (state, v, jnp.ones((), eps.dtype), restarts)
-            (state, v, mult, restarts), info = jax.lax.scan(window, carry, (keys, late))
+            keys = jnp.stack([jax.random.split(k_burn, nw), jax.random.split(k_win, nw)], axis=1)
+            carry = (state, eps, v, mult, restarts, coef)
+            (state, eps, v, mult, restarts, coef), info = jax.lax.scan(
+                window, carry, (keys, jnp.arange(nw)))
             info = jax.tree_util.tree_map(lambda a: a.reshape(-1), info)
-            burn_info = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b]), burn_info, info)
-        else:
-            mult = jnp.ones((), eps.dtype)
-        if num_burnin:
-            eps, v = adapt(k_last, state, v, POWER_ITERS)
-        if final is not None:
-            eps = final(jax.random.fold_in(k_final, nw), state, eps, 1.0)
+            burn_info = info if burn_info is None else jax.tree_util.tree_map(
+                lambda a, b: jnp.concatenate([a, b]), burn_info, info)
         eps = eps * mult
 
     def block(s, k):
@@ -341,7 +362,9 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, num_sampl
         return s, (acc / steps_per_draw, info)
 
     state, (draws, sample_info) = jax.lax.scan(block, state, jax.random.split(k_draw, num_samples))
-    return ChainOutput(state, draws, burn_info, sample_info, eps, restarts)
+    if burn_info is None:
+        burn_info = jax.tree_util.tree_map(lambda a: a.reshape(-1)[:0], sample_info)
+    return ChainOutput(state, draws, burn_info, sample_info, eps, restarts, coef)
 
 
 # -- diagnostics -----------------------------------------------------------------------------
@@ -404,6 +427,7 @@ def chain_diagnostics(out: ChainOutput, step_size=None) -> dict:
 
 
 __all__ = [
-    "ChainOutput", "run_chain", "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics", "target_scale",
-    "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_capped", "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES",
+    "ChainOutput", "run_chain", "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics",
+    "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_capped",
+    "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES",
 ]
