@@ -47,8 +47,10 @@ def test_engine_benchmark_quick(tmp_path):
         for k in ("vmapped_round_ms", "python_loop_round_ms", "loop_over_vmapped"):
             assert positive_finite(r[k]), (k, r)
         assert r["loop_over_vmapped"] > 1 / 1.5, r
-    for k in ("client_step_us", "bare_gradient_us", "step_over_gradient"):
-        assert positive_finite(step[k]), (k, step)
+    assert [r["model"].split()[0] for r in step] == ["softmax", "mlp"]
+    for r in step:
+        for k in ("client_step_us", "bare_gradient_us", "step_over_gradient"):
+            assert positive_finite(r[k]), (k, r)
     assert not any(tmp_path.iterdir())     # --quick writes no result files
 
 
