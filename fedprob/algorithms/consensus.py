@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from ..posteriors import GlobalPosterior, Samples
 from .base import Context
-from .one_round import (OneRoundAlgorithm, check_choice, check_positive_int, prior_gaussian, result_draws,
+from .one_round import (OneRoundAlgorithm, check_choice, check_int, prior_gaussian, result_draws,
                         result_gaussian)
 
 
@@ -56,8 +56,8 @@ class ConsensusMC(OneRoundAlgorithm):
     def __post_init__(self):
         super().__post_init__()
         check_choice("covariance", self.covariance, ("full", "diag"))
-        check_positive_int("num_samples", self.num_samples, 2)
-        check_positive_int("num_prior_samples", self.num_prior_samples, 2)
+        check_int("num_samples", self.num_samples, 2)
+        check_int("num_prior_samples", self.num_prior_samples, 2)
         if not self.jitter >= 0:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
 

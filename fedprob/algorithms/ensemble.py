@@ -28,7 +28,7 @@ from jax.scipy.special import logsumexp
 
 from ..posteriors import GlobalPosterior, Samples
 from .base import Context
-from .one_round import OneRoundAlgorithm, check_choice, check_positive_int, client_weights, result_draws
+from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
 
 
 @partial(jax.jit, static_argnums=0)
@@ -160,7 +160,7 @@ class Ensemble(OneRoundAlgorithm):
     def __post_init__(self):
         super().__post_init__()
         check_choice("weighting", self.weighting, ("size", "uniform"))
-        check_positive_int("num_samples", self.num_samples)
+        check_int("num_samples", self.num_samples)
 
     def make_message(self, ctx, result, key):
         return {"draws": result_draws(result, key, self.num_samples)}

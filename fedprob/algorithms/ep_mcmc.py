@@ -56,7 +56,7 @@ import jax.numpy as jnp
 
 from ..posteriors import Gaussian, GlobalPosterior, Samples
 from .base import Context
-from .one_round import (OneRoundAlgorithm, check_choice, check_positive_int, gaussian_product,
+from .one_round import (OneRoundAlgorithm, check_choice, check_int, gaussian_product,
                         prior_gaussian, result_draws, result_gaussian)
 
 METHODS = ("parametric", "nonparametric", "semiparametric")
@@ -92,9 +92,9 @@ class EPMCMC(OneRoundAlgorithm):
         super().__post_init__()
         check_choice("covariance", self.covariance, ("full", "diag"))
         check_choice("method", self.method, METHODS)
-        check_positive_int("num_samples", self.num_samples, 2)
-        check_positive_int("num_prior_samples", self.num_prior_samples, 2)
-        check_positive_int("sweeps", self.sweeps)
+        check_int("num_samples", self.num_samples, 2)
+        check_int("num_prior_samples", self.num_prior_samples, 2)
+        check_int("sweeps", self.sweeps)
         if self.subposteriors not in (None, True, False):
             raise ValueError(f"subposteriors must be None, True or False, got {self.subposteriors!r}")
         if not self.bandwidth > 0:

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..posteriors import Gaussian, Samples
 from ..potential import make_target
+from ..validation import check_choice, check_int
 from .base import Algorithm, Context
 
 Array = jax.Array
@@ -355,16 +356,6 @@ def client_weights(sizes, weighting: str) -> Array:
     if weighting == "uniform":
         return jnp.full(sizes.shape, 1.0 / sizes.shape[0])
     raise ValueError(f"weighting must be 'size' or 'uniform', got {weighting!r}")
-
-
-def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-
-
-def check_positive_int(name: str, value, minimum: int = 1) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 __all__ = ["OneRoundAlgorithm", "OneRoundState", "result_draws", "result_gaussian", "prior_gaussian",

@@ -64,7 +64,7 @@ from jax.scipy.special import logsumexp
 from ..posteriors import log_predictive_density
 from .base import Context
 from .ensemble import EnsemblePosterior, client_predictive, mixture_prediction
-from .one_round import OneRoundAlgorithm, check_choice, check_positive_int, client_weights, result_draws
+from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
 from .one_round import prior_draws as sample_prior
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -325,8 +325,8 @@ class PredictiveBayes(OneRoundAlgorithm):
         check_choice("pooling", self.pooling, ("product", "beta"))
         check_choice("regression", self.regression, ("latent", "observed"))
         check_choice("weighting", self.weighting, ("size", "uniform"))
-        check_positive_int("num_prior_samples", self.num_prior_samples, 2)
-        check_positive_int("num_samples", self.num_samples)
+        check_int("num_prior_samples", self.num_prior_samples, 2)
+        check_int("num_samples", self.num_samples)
         if self.beta is not None and not 0.0 <= float(self.beta) <= 1.0:
             raise ValueError(f"beta must lie in [0, 1], got {self.beta}")
         if not self.uniform_tolerance >= 0:
