@@ -35,3 +35,27 @@ def linreg_exact_posterior(Xs, ys, sigma, prior_scale):
         b = b + X.T @ np.asarray(y, np.float64) / sigma ** 2
     cov = np.linalg.inv(P)
     return cov @ b, cov
+
+
+def linreg_model(prior_scale=1.0, sigma=0.5):
+    """The conjugate oracle: w ~ N(0, prior_scale^2 I), y ~ N(X w, sigma^2) in the "data" plate."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    def linreg(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, prior_scale).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, sigma), obs=y)
+
+    return linreg
+
+
+def padded_correlated_client(seed, n, n_max, w_true, sigma):
+    """(X, y) with correlated features, padded to n_max rows; rows n: hold garbage that must not count."""
+    rng = np.random.default_rng(seed)
+    corr = np.array([[1.0, 0.7, 0.3], [0.7, 1.0, 0.5], [0.3, 0.5, 1.0]])
+    X = rng.normal(size=(n_max, 3)) @ np.linalg.cholesky(corr).T
+    y = X @ w_true + sigma * rng.normal(size=n_max)
+    X[n:] = 7.0
+    y[n:] = -30.0
+    return X, y

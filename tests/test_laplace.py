@@ -13,7 +13,7 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
-from conftest import linreg_exact_posterior
+from conftest import linreg_exact_posterior, linreg_model
 
 from fedprob.data.federated import FederatedData
 from fedprob.inference import Laplace, minimize
@@ -26,10 +26,7 @@ W_TRUE = np.array([1.0, -0.5, 0.3])
 N, N_VALID = 30, 25          # one padded client: rows 25..29 must not count
 
 
-def linreg(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([D]).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(X @ w, SIGMA), obs=y)
+linreg = linreg_model(PRIOR, SIGMA)
 
 
 def logreg(X, y=None):

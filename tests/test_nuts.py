@@ -11,7 +11,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
-from conftest import linreg_exact_posterior
+from conftest import linreg_exact_posterior, linreg_model
 
 from fedprob.data.federated import FederatedData
 from fedprob.inference import HMC, NUTS, Laplace
@@ -23,10 +23,7 @@ SIZES = (10, 25, 40)
 W_TRUE = np.array([1.0, -0.5, 0.3])
 
 
-def linreg(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([D]).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(X @ w, SIGMA), obs=y)
+linreg = linreg_model(PRIOR, SIGMA)
 
 
 def logreg(X, y=None):

@@ -16,10 +16,8 @@ over 8 seeds at these settings: 0.05 sd (0.11 sd with minibatches) and 6%.
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 import pytest
-from conftest import linreg_exact_posterior
+from conftest import linreg_exact_posterior, linreg_model, padded_correlated_client
 
 from fedprob.inference import SVI
 from fedprob.inference.svi import lowrank_precision
@@ -31,21 +29,12 @@ N_MAX = 40
 STEPS, PARTICLES = 2000, 4
 
 
-def linreg(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, PRIOR).expand([D]).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(X @ w, SIGMA), obs=y)
+linreg = linreg_model(PRIOR, SIGMA)
 
 
 def make_client(seed, n):
     """(X, y) padded to N_MAX rows (rows n: are garbage that must not count)."""
-    rng = np.random.default_rng(seed)
-    corr = np.array([[1.0, 0.7, 0.3], [0.7, 1.0, 0.5], [0.3, 0.5, 1.0]])
-    X = rng.normal(size=(N_MAX, D)) @ np.linalg.cholesky(corr).T
-    y = X @ W_TRUE + SIGMA * rng.normal(size=N_MAX)
-    X[n:] = 7.0
-    y[n:] = -30.0
-    return X, y
+    return padded_correlated_client(seed, n, N_MAX, W_TRUE, SIGMA)
 
 
 def target_of(X, y, n, **kw):
