@@ -1,5 +1,5 @@
 """Client inference backends: every way a client infers its local posterior."""
-from .base import ClientBackend, ClientResult
+from fedprob.protocols import ClientBackend, ClientResult
 from .nuts import HMC, NUTS
 from .laplace import Laplace
 from .optim import minimize

@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import ClientBackend, ClientResult, Samples
+from fedprob.posteriors import Samples
+from fedprob.protocols import ClientBackend, ClientResult
 from .sghmc import check_friction, momentum_step, sghmc_init, sghmc_noise_coef, sghmc_step
 from .sgmcmc import (ADAPT_EVERY, EARLY_LOOSENESS, POWER_ITERS, WARM_ITERS, adapted_step_size,
                      check_common,

@@ -48,7 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .base import ClientBackend, ClientResult, Samples
+from fedprob.posteriors import Samples
+from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (chain_diagnostics, check_common, check_fraction, check_int, initial_position,
                      log_density_and_grad, max_curvature, run_chain, step_info)
 

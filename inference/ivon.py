@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from fedprob.posteriors import Gaussian
 
-from .base import ClientBackend, ClientResult, finite_flag
+from fedprob.protocols import ClientBackend, ClientResult, finite_flag
 
 Array = jax.Array
 

@@ -46,7 +46,8 @@ from numpyro.distributions.distribution import ExpandedDistribution, Independent
 
 from fedprob.potential import minibatch
 
-from .base import ClientBackend, ClientResult, Gaussian, finite_flag
+from fedprob.posteriors import Gaussian
+from fedprob.protocols import ClientBackend, ClientResult, finite_flag
 from .optim import OPTIMIZERS, minimize
 
 HESSIANS = ("full", "diag", "ggn", "diag_ggn")

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.hmc import hmc
 
-from .base import ClientBackend, ClientResult, Samples, finite_flag
+from fedprob.posteriors import Samples
+from fedprob.protocols import ClientBackend, ClientResult, finite_flag
 
 
 def _check_common(b) -> None:

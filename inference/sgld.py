@@ -39,7 +39,8 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from .base import ClientBackend, ClientResult, Samples
+from fedprob.posteriors import Samples
+from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
                      check_positive, gradient_noise_variance, initial_position, log_density_and_grad,
                      noise_capped, run_chain, step_info)

@@ -43,7 +43,7 @@ from numpyro.optim import optax_to_numpyro
 
 from fedprob.posteriors import Gaussian
 
-from .base import ClientBackend, ClientResult, finite_flag
+from fedprob.protocols import ClientBackend, ClientResult, finite_flag
 
 Array = jax.Array
 

@@ -26,7 +26,7 @@ import fedprob as fp
 from fedprob.algorithms.base import Context
 from fedprob.algorithms.one_round import OneRoundState, gaussian_product, prior_gaussian
 from fedprob.algorithms.predictive_bayes import pool_beta, pool_classification, pool_gaussian
-from fedprob.inference.base import ClientBackend, ClientResult
+from fedprob.protocols import ClientBackend, ClientResult
 from fedprob.posteriors import Gaussian, Samples
 from fedprob.run import get_potential
 
@@ -521,7 +521,7 @@ def test_bad_arguments_fail_early():
         fp.algorithms.PredictiveBayes(beta=1.5)
     with pytest.raises(ValueError, match="pooling"):
         fp.algorithms.PredictiveBayes(pooling="sum")
-    with pytest.raises(ValueError, match="client"):
+    with pytest.raises(TypeError, match="client"):
         fp.algorithms.ConsensusMC(client="nuts").backend
     with pytest.raises(ValueError, match="at least 2 draws"):
         fp.algorithms.ConsensusMC(client=Exact("samples", num_samples=1)).init(

@@ -27,6 +27,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from ..posteriors import GlobalPosterior, Samples
+from ..inference import CyclicalSGHMC
 from .base import Context
 from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
 
@@ -153,8 +154,6 @@ class Ensemble(OneRoundAlgorithm):
 
     def default_client(self):
         """Cyclical SGHMC with its defaults (the paper's client sampler)."""
-        from fedprob.inference import CyclicalSGHMC
-
         return CyclicalSGHMC()
 
     def __post_init__(self):

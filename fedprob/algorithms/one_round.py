@@ -36,7 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..inference import NUTS
 from ..posteriors import Gaussian, Samples
+from ..protocols import ClientBackend
 from ..potential import make_target
 from ..validation import check_choice, check_int
 from .base import Algorithm, Context
@@ -61,10 +63,10 @@ class OneRoundState(NamedTuple):
 
 
 def check_client(client):
-    """``client`` if it is a client backend (has ``run``), else a ValueError."""
-    if not hasattr(client, "run"):
-        raise ValueError(f"client must be a fedprob.inference backend (with a run method), got "
-                         f"{type(client).__name__}")
+    """``client`` if it is a :class:`~fedprob.protocols.ClientBackend`, else a TypeError."""
+    if not isinstance(client, ClientBackend):
+        raise TypeError(f"client must be a fedprob.inference backend (a fedprob.protocols.ClientBackend), "
+                        f"got {type(client).__name__}")
     return client
 
 
@@ -91,8 +93,6 @@ class OneRoundAlgorithm(Algorithm):
     # -- hooks ---------------------------------------------------------------------------------
     def default_client(self):
         """The backend used when ``client`` is None (full-batch NUTS unless a method says otherwise)."""
-        from fedprob.inference import NUTS
-
         return NUTS()
 
     @property

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..posteriors import GlobalPosterior, Samples
+from ..inference import Laplace
 from .base import Context
 from .one_round import OneRoundAlgorithm, check_choice, client_weights
 
@@ -36,8 +37,6 @@ class OneShotAverage(OneRoundAlgorithm):
 
     def default_client(self):
         """Laplace(hessian="diag_ggn"): its MAP (full-batch L-BFGS) and mean is what is averaged."""
-        from fedprob.inference import Laplace
-
         return Laplace(hessian="diag_ggn")
 
     def __post_init__(self):

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 from jax.scipy.special import logsumexp
 
 from ..posteriors import log_predictive_density
+from ..inference import CyclicalSGHMC
 from .base import Context
 from .ensemble import EnsemblePosterior, client_predictive, mixture_prediction
 from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
@@ -316,8 +317,6 @@ class PredictiveBayes(OneRoundAlgorithm):
 
     def default_client(self):
         """Cyclical SGHMC with its defaults (the paper's client sampler)."""
-        from fedprob.inference import CyclicalSGHMC
-
         return CyclicalSGHMC()
 
     def __post_init__(self):

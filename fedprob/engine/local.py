@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedprob.inference.base import finite_flag
+from fedprob.protocols import finite_flag
 
 from ..algorithms.base import Algorithm, Context
 

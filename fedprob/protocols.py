@@ -1,4 +1,11 @@
-"""The client backend protocol.
+"""The protocols every layer shares: client backends, their results, the finite flag.
+
+They live in the core (with :mod:`fedprob.potential`, which defines
+:class:`~fedprob.potential.ClientData` and :class:`~fedprob.potential.LocalTarget`,
+and :mod:`fedprob.posteriors`), so the engine and the algorithms depend on no
+backend package.
+
+The client backend protocol.
 
 A backend is a frozen dataclass of hyperparameters (hashable, so compiled
 functions can be cached on it) with one pure method::
@@ -27,7 +34,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedprob.posteriors import Gaussian, Samples
+from .posteriors import Gaussian, Samples
+from .potential import ClientData, LocalTarget
 
 Array = jax.Array
 
@@ -62,4 +70,4 @@ def finite_flag(*trees) -> Array:
     return ok
 
 
-__all__ = ["ClientBackend", "ClientResult", "Samples", "Gaussian", "finite_flag"]
+__all__ = ["ClientBackend", "ClientResult", "ClientData", "LocalTarget", "finite_flag"]
