@@ -56,7 +56,7 @@ def round_vs_loop(K: int, n: int, steps: int, repeats: int) -> dict:
     data = fed.client_data()
     key = jax.random.PRNGKey(0)
     server, clients = algo.init(ctx, key, data)
-    rnd, _ = local.compiled_round(algo, ctx, model, K, None, server, clients, data, key)
+    rnd, _ = local.compiled_round(algo, ctx, K, None, server, clients, data, key)
 
     def vmapped():
         jax.block_until_ready(rnd(server, clients, data, key)[0])

@@ -4,11 +4,16 @@ Only bulk ESS and R-hat are compared across versions.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 
 def _az():
-    import arviz as az
+    """The arviz module, imported on first use without its import-time FutureWarning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz as az
 
     return az
 

@@ -38,6 +38,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
@@ -106,6 +107,19 @@ def _is_real(support) -> bool:
     return support is constraints.real
 
 
+def _likelihood_kind(fn) -> str:
+    """"classification" (Categorical / Bernoulli), "count" (other discrete) or "regression"."""
+    base = fn
+    while isinstance(base, (dist.Independent, dist.ExpandedDistribution, dist.MaskedDistribution)):
+        base = base.base_dist
+    if isinstance(base, _CATEGORICAL) and fn.support.is_discrete:
+        return "classification"
+    return "count" if fn.support.is_discrete else "regression"
+
+
+_CATEGORICAL = (dist.CategoricalLogits, dist.CategoricalProbs, dist.BernoulliLogits, dist.BernoulliProbs)
+
+
 def _abstract_trace(model, X, y, model_kwargs) -> dict:
     """Static facts about every site of one model trace, traced abstractly (no FLOPs)."""
     out = {}
@@ -115,22 +129,35 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
             tr = handlers.trace(handlers.seed(model, 0)).get_trace(X, y, **model_kwargs)
         for name, site in tr.items():
             entry = {"type": site["type"]}
+            if site["type"] == "plate":
+                size, subsample_size = site["args"]    # numpyro records (size, subsample_size)
+                entry.update(size=int(size),
+                             subsample_size=int(size if subsample_size is None else subsample_size))
             if site["type"] == "sample":
                 fn = site["fn"]
                 entry.update(is_observed=bool(site["is_observed"]),
                              in_data_plate=_in_data_plate(site) is not None,
                              is_discrete=bool(fn.support.is_discrete),
+                             is_factor=isinstance(fn, dist.Unit),
+                             kind=_likelihood_kind(fn),
                              shape=tuple(jnp.shape(site["value"])), num_classes=None)
                 if not site["is_observed"] and not fn.support.is_discrete:
                     u = biject_to(fn.support).inv(site["value"])
                     entry["unconstrained_shape"] = tuple(jnp.shape(u))
                     entry["is_real"] = _is_real(fn.support)
-                if fn.support.is_discrete and fn.has_enumerate_support:
+                if entry["kind"] == "classification" and fn.has_enumerate_support:
                     entry["num_classes"] = int(fn.enumerate_support(expand=False).shape[0])
             out[name] = entry
         return jnp.zeros(())
 
-    jax.eval_shape(f, X, y)
+    try:
+        jax.eval_shape(f, X, y)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"tracing the model on {X.shape[0]} rows failed ({type(e).__name__}: {e}). fedprob calls "
+            f"the model with client data of any number of rows: size the '{DATA_PLATE}' plate and "
+            f"every per-row array by X.shape[0] (`numpyro.plate('{DATA_PLATE}', X.shape[0])`), never "
+            "by a fixed number") from e
     return out
 
 
@@ -173,12 +200,22 @@ class Potential:
         X = jnp.asarray(X)[:2]
         y = jnp.asarray(y)[:2]
         info = _abstract_trace(model, X, y, self.model_kwargs)
-        sites, observed, deterministic, real_sites = [], [], [], []
+        sites, observed, deterministic, real_sites, prior_factors = [], [], [], [], []
         offset = 0
         has_plate = False
         for name, site in info.items():
             if site["type"] == "plate" and name == DATA_PLATE:
                 has_plate = True
+                if site["size"] != X.shape[0]:
+                    raise ValueError(
+                        f"the '{DATA_PLATE}' plate has size {site['size']} on a batch of {X.shape[0]} "
+                        f"rows: its size must be the number of rows, "
+                        f"`numpyro.plate('{DATA_PLATE}', X.shape[0])`, not a fixed number")
+                if site["subsample_size"] != site["size"]:
+                    raise ValueError(
+                        f"the '{DATA_PLATE}' plate sets subsample_size={site['subsample_size']}; fedprob "
+                        "draws minibatches itself (batch_size of the client backend) and scales them by "
+                        f"N_k/b: drop subsample_size from `numpyro.plate('{DATA_PLATE}', X.shape[0])`")
             if site["type"] == "param":
                 raise ValueError(
                     f"site '{name}' is a numpyro.param; fedprob needs every parameter as a "
@@ -190,6 +227,10 @@ class Potential:
             in_plate = site["in_data_plate"]
             has_plate = has_plate or in_plate
             if site["is_observed"]:
+                if site["is_factor"] and not in_plate:
+                    # numpyro.factor outside the data plate: a term of the prior
+                    prior_factors.append(name)
+                    continue
                 if not in_plate:
                     raise ValueError(
                         f"observed site '{name}' is outside the plate named '{DATA_PLATE}'; put "
@@ -219,14 +260,32 @@ class Potential:
         self.sites = tuple(sites)
         self._real_mask = np.concatenate([np.full(s.size, r) for s, r in zip(sites, real_sites)])
         self.observed = tuple(observed)
+        self.prior_factors = tuple(prior_factors)
         self.deterministic = tuple(deterministic)
         self.dim = offset
         self.site_names = tuple(s.name for s in sites)
         obs = info[observed[0]]
-        self.task = "classification" if obs["is_discrete"] else "regression"
+        # "classification": Categorical/Bernoulli likelihood (predict gives class log-probabilities);
+        # "count": any other discrete likelihood (Poisson, Binomial, ...); "regression": continuous.
+        # Counts and regression predict (mean, variance).
+        self.task = obs["kind"]
         self.num_classes = obs["num_classes"] if self.task == "classification" else None
         self.x_shape = tuple(X.shape[1:])
         self.y_shape = tuple(y.shape[1:])
+        self._x_dtype = str(X.dtype)
+        self._y_dtype_str = str(y.dtype)
+        self._identity = _identity_key(model, self.model_kwargs, self.x_shape, self.y_shape,
+                                       self._x_dtype, self._y_dtype_str)
+
+    # -- identity ---------------------------------------------------------------------------
+    # Two potentials are equal when they trace the same program: the same model function,
+    # equal model_kwargs (arrays compared by value) and the same row shapes and dtypes. Compiled
+    # functions that take a potential as a static argument are cached on this identity.
+    def __hash__(self):
+        return hash(self._identity)
+
+    def __eq__(self, other):
+        return isinstance(other, Potential) and self._identity == other._identity
 
     # -- layout ---------------------------------------------------------------------------
     def unravel(self, z: Array) -> dict:
@@ -290,10 +349,16 @@ class Potential:
                 lp = lp * site["scale"]
             t = biject_to(site["fn"].support)
             log_prior = log_prior + lp + jnp.sum(t.log_abs_det_jacobian(u[s.name], x))
+        for name in self.prior_factors:
+            site = tr[name]
+            lp = jnp.sum(site["fn"].log_prob(site["value"]))
+            log_prior = log_prior + (lp if site.get("scale") is None else lp * site["scale"])
         log_lik = 0.0
         for name in self.observed:
             site = tr[name]
             lp = site["fn"].log_prob(site["value"])
+            if site.get("scale") is not None:          # handlers.scale: a tempered likelihood
+                lp = lp * site["scale"]
             frame = _in_data_plate(site)
             w = jnp.reshape(weights, (weights.shape[0],) + (1,) * (-frame.dim - 1))
             log_lik = log_lik + jnp.sum(lp * w)
@@ -306,7 +371,7 @@ class Potential:
         return self._terms(z, X, y, jnp.zeros((1,)))[0]
 
     def _y_dtype(self):
-        return jnp.int32 if self.task == "classification" else jnp.result_type(float)
+        return jnp.int32 if self.task in ("classification", "count") else jnp.result_type(float)
 
     def log_likelihood(self, z: Array, X, y, weights=None) -> Array:
         """sum_i weights_i log p(y_i | x_i, z) (weights default to 1)."""
@@ -375,8 +440,8 @@ class Potential:
     def predict(self, z: Array, X):
         """Per-parameter predictive at inputs X.
 
-        Classification: (n, C) class log-probabilities. Regression: a tuple
-        (mean, variance) of the observation distribution (noise included).
+        Classification: (n, C) class log-probabilities. Regression and counts:
+        a tuple (mean, variance) of the observation distribution (noise included).
         """
         fn = self.predictive_distribution(z, X)
         if self.task == "classification":
@@ -384,6 +449,26 @@ class Potential:
             lp = fn.log_prob(vals)            # (C, n)
             return jnp.moveaxis(lp, 0, -1)
         return fn.mean, fn.variance
+
+
+def _freeze(value):
+    """A hashable, value-based stand-in for a model keyword argument."""
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((k, _freeze(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, (np.ndarray, jax.Array)) or hasattr(value, "__array__"):
+        a = np.asarray(value)
+        return ("array", a.shape, str(a.dtype), a.tobytes())
+    try:
+        hash(value)
+    except TypeError:
+        return ("object", id(value))          # unhashable and not an array: identity only
+    return value
+
+
+def _identity_key(model, model_kwargs, x_shape, y_shape, x_dtype, y_dtype) -> tuple:
+    return (model, _freeze(dict(model_kwargs)), x_shape, y_shape, x_dtype, y_dtype)
 
 
 def mean_loss(potential: Potential, z, target: LocalTarget, key=None, batch_size=None):

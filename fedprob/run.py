@@ -16,22 +16,14 @@ from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
 
-_POTENTIALS: dict = {}
-_INITS: dict = {}
-
-
 def get_potential(model, fed: FederatedData, model_kwargs: Optional[dict] = None) -> Potential:
-    """The (cached) :class:`Potential` of ``model`` on data shaped like ``fed``."""
-    kw = tuple(sorted((model_kwargs or {}).items()))
-    key = (model, fed.X.shape[2:], str(fed.X.dtype), fed.y.shape[2:], str(fed.y.dtype), kw)
-    try:
-        pot = _POTENTIALS.get(key)
-    except TypeError:  # unhashable model kwargs
-        return Potential(model, fed.X[0], fed.y[0], model_kwargs)
-    if pot is None:
-        pot = Potential(model, fed.X[0], fed.y[0], model_kwargs)
-        _POTENTIALS[key] = pot
-    return pot
+    """The :class:`Potential` of ``model`` (with ``model_kwargs``) on data shaped like ``fed``.
+
+    Building one traces the model abstractly (no FLOPs). Potentials compare
+    equal when they trace the same program, so compiled functions are shared
+    between equal ones and never between different ``model_kwargs``.
+    """
+    return Potential(model, fed.X[0], fed.y[0], model_kwargs)
 
 
 @dataclasses.dataclass
@@ -132,15 +124,11 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     k_init, k_rounds = jax.random.split(key)
 
     t0 = time.perf_counter()
-    ikey = (algorithm, model, K, fed.sizes.tobytes(), local._signature(data))
-    init_fn = _INITS.get(ikey)
-    if init_fn is None:
-        init_fn = jax.jit(lambda k, d: algorithm.init(ctx, k, d))
-        _INITS[ikey] = init_fn
+    init_fn = local.compiled_init(algorithm, ctx, data, k_init)
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
-    round_fn, compile_time = local.compiled_round(algorithm, ctx, model, M, client_chunk, server,
+    round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
                                                   clients, data, k_rounds)
     history = []
     bar = None

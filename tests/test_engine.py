@@ -52,15 +52,15 @@ def test_no_recompilation_across_rounds_and_repeated_runs():
     local.clear_cache()
     algo = fp.algorithms.FedAvg(local_steps=2, batch_size=5, learning_rate=0.01)
     r1 = fp.run(algo, model, fed, rounds=5, seed=0, progress=False, clients_per_round=2)
-    assert local.TRACE_COUNT["round"] == 1
+    assert local.COMPILE_COUNT["round"] == 1
     assert r1.compile_time > 0
     r2 = fp.run(algo, model, fed, rounds=7, seed=1, progress=False, clients_per_round=2)
-    assert local.TRACE_COUNT["round"] == 1
+    assert local.COMPILE_COUNT["round"] == 1
     assert r2.compile_time == 0.0
     # a different participation count is a different shape: one more compile, then cached again
     fp.run(algo, model, fed, rounds=2, seed=0, progress=False, clients_per_round=3)
     fp.run(algo, model, fed, rounds=2, seed=5, progress=False, clients_per_round=3)
-    assert local.TRACE_COUNT["round"] == 2
+    assert local.COMPILE_COUNT["round"] == 2
 
 
 def test_partial_participation_samples_distinct_clients_and_covers_all():

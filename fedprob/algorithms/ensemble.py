@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
-from ..posteriors import GlobalPosterior, Samples
+from ..posteriors import GlobalPosterior, Samples, mixture_log_density
 from ..inference import CyclicalSGHMC
 from .base import Context
 from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
@@ -84,6 +84,12 @@ def _mixture_predict(potential, client_draws, weights, X):
     return mixture_prediction(potential.task, client_predictive(potential, client_draws, X), weights)
 
 
+@partial(jax.jit, static_argnums=0)
+def _mixture_log_density(potential, client_draws, weights, X, y):
+    per_client = jax.vmap(lambda d: mixture_log_density(potential, d, X, y))(client_draws)   # (K, n)
+    return logsumexp(per_client + jnp.log(jnp.maximum(weights, 1e-38))[:, None], axis=0)
+
+
 @partial(jax.jit, static_argnums=3)
 def _resample(key, client_draws, weights, n: int):
     k1, k2 = jax.random.split(key)
@@ -138,6 +144,14 @@ class EnsemblePosterior(GlobalPosterior):
     def predict(self, X):
         """The mixture of client predictives (probabilities, or (mean, variance))."""
         return _mixture_predict(self.potential, self.client_draws, self.mixture_weights, jnp.asarray(X))
+
+    def log_predictive_density(self, X, y):
+        """(n,) ``log sum_k pi_k (1/S) sum_j p(y | x, w_kj)``: the mixture's exact log density."""
+        y = jnp.asarray(y)
+        if self.potential.task != "regression":
+            y = y.astype(jnp.int32)
+        return _mixture_log_density(self.potential, self.client_draws, self.mixture_weights,
+                                    jnp.asarray(X), y)
 
 
 @dataclasses.dataclass(frozen=True)

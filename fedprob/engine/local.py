@@ -9,8 +9,19 @@ whose message or state is not finite as excluded, and applies
 that would not be finite is discarded (the previous server state is kept and
 the round is flagged), so the server state never silently becomes NaN.
 
-Compiled rounds are cached on (algorithm, model, data shapes, client sizes,
-M, chunk): a second ``fp.run`` with the same inputs does not recompile.
+Client and server states are committed together: a client's new state is
+kept only when its update was finite AND the server update was accepted, so
+a rejected round changes no state at all (sites and duals of stateful
+algorithms stay in step with the server).
+
+Compiled functions (the round, the algorithm's ``init``) are cached on
+everything that changes the traced program: the algorithm (a frozen,
+hashable dataclass), the potential (equal when model, ``model_kwargs``,
+row shapes and dtypes are equal, see :class:`fedprob.potential.Potential`),
+the number of clients and their sizes, M, the chunk size and the shapes and
+dtypes of every state and data leaf. A second ``fp.run`` with the same inputs
+does not recompile; changing any of them does. :data:`COMPILE_COUNT` counts
+compilations (outside traced code).
 """
 from __future__ import annotations
 
@@ -26,9 +37,16 @@ from fedprob.protocols import finite_flag
 
 from ..algorithms.base import Algorithm, Context
 
-TRACE_COUNT = {"round": 0}
+#: compilations done by :func:`compiled_round` and :func:`compiled_init` (cache misses).
+COMPILE_COUNT = {"round": 0, "init": 0}
 _CACHE: dict = {}
 _CACHE_MAX = 32
+
+
+def _cache_put(key, value):
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = value
 
 
 class RoundInfo(NamedTuple):
@@ -52,7 +70,6 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
     K, M = ctx.num_clients, num_participants
 
     def round_fn(server_state, client_states, data, key):
-        TRACE_COUNT["round"] += 1
         k_sel, k_cl = jax.random.split(key)
         idx = jnp.arange(K) if M == K else jnp.sort(jax.random.permutation(k_sel, K)[:M])
         take = partial(jax.tree_util.tree_map, lambda a: a[idx])
@@ -71,7 +88,8 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
         new_server = algorithm.server_update(ctx, server_state, msgs, d.n, ok)
         server_ok = finite_flag(new_server) & jnp.any(ok)
         new_server = _where_tree(server_ok, new_server, server_state)
-        merged = _where_tree(ok, new_cs, cs)
+        # commit client states only together with the server update that used them
+        merged = _where_tree(ok & server_ok, new_cs, cs)
         client_states = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), client_states, merged)
         return new_server, client_states, RoundInfo(idx, ok, server_ok, diags)
 
@@ -82,12 +100,16 @@ def _signature(tree) -> tuple:
     return tuple((tuple(np.shape(a)), str(jnp.result_type(a))) for a in jax.tree_util.tree_leaves(tree))
 
 
-def compiled_round(algorithm, ctx, model_key, num_participants, client_chunk, server_state,
-                   client_states, data, key):
+def _context_key(algorithm, ctx, data) -> tuple:
+    return (algorithm, ctx.potential, ctx.num_clients, np.asarray(ctx.client_sizes).tobytes(),
+            _signature(data))
+
+
+def compiled_round(algorithm, ctx, num_participants, client_chunk, server_state, client_states,
+                   data, key):
     """(compiled round function, compile seconds: 0.0 when cached)."""
-    cache_key = (algorithm, model_key, ctx.num_clients, num_participants, client_chunk,
-                 np.asarray(ctx.client_sizes).tobytes(), _signature(server_state),
-                 _signature(client_states), _signature(data))
+    cache_key = ("round",) + _context_key(algorithm, ctx, data) + (
+        num_participants, client_chunk, _signature(server_state), _signature(client_states))
     hit = _CACHE.get(cache_key)
     if hit is not None:
         return hit, 0.0
@@ -95,13 +117,24 @@ def compiled_round(algorithm, ctx, model_key, num_participants, client_chunk, se
     fn = jax.jit(make_round_fn(algorithm, ctx, num_participants, client_chunk))
     compiled = fn.lower(server_state, client_states, data, key).compile()
     dt = time.perf_counter() - t0
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[cache_key] = compiled
+    COMPILE_COUNT["round"] += 1
+    _cache_put(cache_key, compiled)
     return compiled, dt
 
 
+def compiled_init(algorithm, ctx, data, key):
+    """The compiled ``algorithm.init(ctx, key, data)`` (cached like :func:`compiled_round`)."""
+    cache_key = ("init",) + _context_key(algorithm, ctx, data)
+    hit = _CACHE.get(cache_key)
+    if hit is None:
+        hit = jax.jit(lambda k, d: algorithm.init(ctx, k, d)).lower(key, data).compile()
+        COMPILE_COUNT["init"] += 1
+        _cache_put(cache_key, hit)
+    return hit
+
+
 def clear_cache():
-    """Forget every compiled round (and reset the trace counter)."""
+    """Forget every compiled function (and reset the compile counters)."""
     _CACHE.clear()
-    TRACE_COUNT["round"] = 0
+    for k in COMPILE_COUNT:
+        COMPILE_COUNT[k] = 0
