@@ -240,6 +240,11 @@ class PredictiveBayesPosterior(EnsemblePosterior):
             return jnp.exp(product)
         return product
 
+    def log_predictive_density(self, X, y):
+        """(n,) log density of ``y`` under :meth:`predict` (a pooled product of predictives:
+        class probabilities, or a Gaussian in regression; not a mixture over draws)."""
+        return log_predictive_density(self.potential.task, self.predict(X), y)
+
     def fit_beta(self, X_val, y_val, tol: float = 1e-6) -> float:
         """Fit beta on held-out data (see :func:`fit_beta`), keep it and switch to beta pooling."""
         beta = fit_beta(self, X_val, y_val, tol=tol)
