@@ -3,3 +3,4 @@ from .linear import linear_regression
 from .logistic import logistic_regression, softmax_regression
 from .mlp import bnn_mlp
 from .cnn import cnn
+from .poisson import poisson_regression

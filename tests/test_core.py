@@ -128,6 +128,17 @@ def test_count_likelihood_is_not_classification():
     np.testing.assert_allclose(h["nll"], ref, rtol=1e-4)
 
 
+def test_poisson_regression_model_matches_a_hand_written_one():
+    X = np.random.default_rng(1).normal(size=(5, 2)).astype(np.float32)
+    y = np.array([0, 1, 3, 0, 2], np.int32)
+    zoo = fp.Potential(fp.models.poisson_regression(bias=False), X, y)
+    mine = fp.Potential(_poisson, X, y)
+    assert zoo.task == "count"
+    z = jnp.array([0.4, -0.2])
+    np.testing.assert_allclose(float(zoo.log_likelihood(z, X, y)), float(mine.log_likelihood(z, X, y)),
+                               rtol=1e-6)
+
+
 def _subsampled(X, y=None):
     w = numpyro.sample("w", dist.Normal(0.0, 1.0))
     with numpyro.plate("data", X.shape[0], subsample_size=1):
