@@ -374,7 +374,8 @@ def test_full_covariance_from_fewer_draws_than_dimensions():
     mu, cov = exact(clients)
     sd = np.sqrt(np.diag(cov))
     msg = exact_messages(clients, num_draws=10, seed=1)
-    with pytest.warns(RuntimeWarning, match="200 draws per client"):
+    with pytest.warns(RuntimeWarning, match="200 draws per client"), \
+            pytest.warns(RuntimeWarning, match="Monte Carlo error of the combined mean"):
         post, _, _ = aggregate(fp.algorithms.EPMCMC(), fed, Samples(msg["draws"]))
     m, c = moments(post)
     assert np.max(np.abs(m - mu) / sd) < 2.5

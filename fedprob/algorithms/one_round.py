@@ -54,7 +54,7 @@ from ..gaussian import prior_draws, prior_gaussian  # noqa: F401  (names kept fo
 from ..inference import NUTS
 from ..inference.sgmcmc import effective_sample_size
 from ..posteriors import Gaussian, Samples
-from ..protocols import ClientBackend, finite_flag
+from ..protocols import ClientBackend, ClientResult, finite_flag
 from ..potential import make_target
 from ..validation import check_choice, check_int
 from .base import Algorithm, Context, masked_sum
@@ -223,7 +223,8 @@ class OneRoundAlgorithm(Algorithm):
         """This method's posterior from client results computed elsewhere (no client is re-run).
 
         results: a :class:`~fedprob.protocols.ClientResult` (or a bare
-        ``Samples``/``Gaussian``) stacked over the K clients of ``ctx``, e.g.
+        ``Samples``/``Gaussian``, whose mean then stands for the client's
+        final point) stacked over the K clients of ``ctx``, e.g.
         ``run_clients(...).results``; it must come from the prior share this
         method asks for (:meth:`prior_weight`; not checked here, see
         :func:`aggregate`). key: the server key (default ``PRNGKey(0)``);
@@ -236,6 +237,8 @@ class OneRoundAlgorithm(Algorithm):
         if lead != {K}:
             raise ValueError(f"results must be stacked over the {K} clients (leading axis), got leading "
                              f"axes {sorted(lead)}")
+        if isinstance(results, (Samples, Gaussian)):          # a bare form: its mean as the point
+            results = ClientResult(results, results.mean(), {})
         key = jax.random.PRNGKey(0) if key is None else key
         keys = jax.random.split(jax.random.fold_in(key, 2), K)
         payload = _messages(self, ctx, results, keys)
