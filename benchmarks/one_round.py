@@ -64,7 +64,6 @@ import numpy as np
 import optax
 
 import fedprob as fp
-from fedprob.algorithms.one_round import OneRoundState, result_gaussian
 from fedprob.metrics import evaluate
 from fedprob.posteriors import Samples
 from fedprob.potential import make_target
@@ -347,18 +346,12 @@ def one_round_methods(model, fed, test, s: Settings, task: str, val=None) -> lis
 
         add("PredictiveBayes (β-pooled)", beta_pooled)
 
-    def ep():
-        g = jax.vmap(lambda d: result_gaussian(Samples(d), True, 1e-6))(draws)
-        state = OneRoundState({"linear": g.linear, "precision": g.precision}, st.valid, st.sizes, st.key)
-        return fp.algorithms.EPMCMC(client=backend, covariance="diag").posterior(ctx, state, res.client_states)
+    # the other aggregates from the same client draws (no client is re-run)
+    def from_draws(algo):
+        return algo.posterior_from_results(ctx, Samples(draws), key=st.key, mask=st.valid, sizes=st.sizes)
 
-    add("EPMCMC (diag)", ep)
-
-    def avg():
-        state = OneRoundState({"point": jnp.mean(draws, 1)}, st.valid, st.sizes, st.key)
-        return fp.algorithms.OneShotAverage(client=backend).posterior(ctx, state, res.client_states)
-
-    add("OneShotAverage", avg)
+    add("EPMCMC (diag)", lambda: from_draws(fp.algorithms.EPMCMC(client=backend, covariance="diag")))
+    add("OneShotAverage", lambda: from_draws(fp.algorithms.OneShotAverage(client=backend)))
     add("Ensemble", lambda: fp.algorithms.Ensemble(client=backend).posterior(ctx, st, res.client_states))
     return rows
 

@@ -7,7 +7,9 @@
   A product of Gaussians adds natural parameters.
 
 Both are pytrees (they pass through ``jit``/``vmap``/``scan``). A Gaussian can
-be sampled and samples can be moment-matched, so algorithms accept either.
+be sampled and samples can be moment-matched (:func:`fedprob.gaussian.moment_match`,
+with shrinkage), so algorithms accept either; all other Gaussian algebra
+(products over clients, the prior's Gaussian, KL) is in :mod:`fedprob.gaussian`.
 :class:`GlobalPosterior` is the user-facing object an algorithm returns.
 """
 from __future__ import annotations
@@ -45,13 +47,6 @@ class Samples:
     def variance(self) -> Array:
         """Marginal sample variances (divisor S - 1), shape (..., d)."""
         return jnp.var(self.draws, axis=-2, ddof=1 if self.num_draws > 1 else 0)
-
-    def to_gaussian(self, diag: bool = False, jitter: float = 1e-6) -> "Gaussian":
-        """Moment-matched Gaussian (full or diagonal precision)."""
-        if diag:
-            return Gaussian.from_moments(self.mean(), self.variance() + jitter)
-        d = self.draws.shape[-1]
-        return Gaussian.from_moments(self.mean(), self.covariance() + jitter * jnp.eye(d))
 
     def sample(self, key, n: int) -> Array:
         """n draws resampled uniformly (with replacement) from the stored ones, (n, d)."""
@@ -91,14 +86,6 @@ class Gaussian:
         prec = jnp.linalg.inv(cov)
         prec = 0.5 * (prec + jnp.swapaxes(prec, -1, -2))
         return cls(jnp.einsum("...ij,...j->...i", prec, mean), prec)
-
-    @classmethod
-    def from_mean_precision(cls, mean, precision) -> "Gaussian":
-        mean = jnp.asarray(mean)
-        precision = jnp.asarray(precision)
-        if precision.ndim == mean.ndim:
-            return cls(precision * mean, precision)
-        return cls(jnp.einsum("...ij,...j->...i", precision, mean), precision)
 
     def mean(self) -> Array:
         if self.is_diag:
@@ -160,15 +147,6 @@ class Gaussian:
             quad = jnp.einsum("...i,ij,...j->...", r, self.precision, r)
             logdet = jnp.linalg.slogdet(self.precision)[1]
         return 0.5 * (logdet - quad - d * jnp.log(2 * jnp.pi))
-
-
-def gaussian_is_valid(g: Gaussian) -> Array:
-    """True where the precision is positive definite and everything is finite."""
-    finite = jnp.all(jnp.isfinite(g.linear), -1)
-    if g.is_diag:
-        return finite & jnp.all(g.precision > 0, -1) & jnp.all(jnp.isfinite(g.precision), -1)
-    eig = jnp.linalg.eigvalsh(g.precision)
-    return finite & jnp.all(eig > 0, -1) & jnp.all(jnp.isfinite(g.precision), (-1, -2))
 
 
 def average_predictions(potential, draws: Array, X, chunk: int = 64):
@@ -284,5 +262,5 @@ def log_predictive_density(task: str, prediction, y) -> Array:
     return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
 
 
-__all__ = ["Samples", "Gaussian", "GlobalPosterior", "average_predictions", "gaussian_is_valid",
-           "log_predictive_density", "mixture_log_density"]
+__all__ = ["Samples", "Gaussian", "GlobalPosterior", "average_predictions", "log_predictive_density",
+           "mixture_log_density"]

@@ -13,6 +13,7 @@ semiparametric EP-MCMC variants are asymptotically exact only (kernel bias
 and a slowly mixing index sampler), checked loosely on d = 2.
 """
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,9 @@ from conftest import linreg_exact_posterior
 
 import fedprob as fp
 from fedprob.algorithms.base import Context
-from fedprob.algorithms.one_round import OneRoundState, gaussian_product, prior_gaussian
+from fedprob.algorithms.one_round import aggregate as aggregate_runs
+from fedprob.algorithms.one_round import run_clients
+from fedprob.gaussian import guarded_product, prior_gaussian
 from fedprob.algorithms.predictive_bayes import pool_beta, pool_classification, pool_gaussian
 from fedprob.protocols import ClientBackend, ClientResult
 from fedprob.posteriors import Gaussian, Samples
@@ -107,16 +110,19 @@ def ctx_of(fed, mdl=model):
     return Context(get_potential(mdl, fed), fed.num_clients, fed.sizes, fed.num_rows)
 
 
-def aggregate(algo, fed, payload, mask=None, seed=0, mdl=model):
-    """server_update + posterior on hand-made messages (stacked over the K clients).
+def aggregate(algo, fed, results, mask=None, seed=0, mdl=model):
+    """server_update + posterior on client results (a Samples or Gaussian stacked over the K clients).
 
-    The messages arrive in reverse client order, so the slot bookkeeping is exercised.
+    Each client's message is built by ``make_message``; the messages arrive in reverse client order,
+    so the server's per-client bookkeeping is exercised.
     """
     ctx = ctx_of(fed, mdl)
     K = fed.num_clients
-    payload = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), payload)
-    state = OneRoundState(jax.tree_util.tree_map(jnp.zeros_like, payload), jnp.zeros(K, bool), jnp.zeros(K),
-                          jax.random.PRNGKey(seed))
+    results = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), results)
+    key = jax.random.PRNGKey(seed)
+    payload = jax.vmap(lambda r, k: algo.make_message(ctx, r, k))(results, jax.random.split(key, K))
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), payload)
+    state = algo.empty_state(ctx, key, shapes)
     mask = np.ones(K, bool) if mask is None else np.asarray(mask)
     rev = np.arange(K)[::-1]
     state = algo.server_update(ctx, state, (jnp.asarray(rev), jax.tree_util.tree_map(lambda a: a[rev], payload)),
@@ -172,8 +178,7 @@ def test_epmcmc_diag_is_the_product_of_marginal_gaussians():
     """Diagonal variant: precision sum_k 1/var_k - (K-1)/prior_var per coordinate, by hand."""
     msg = exact_messages(CLIENTS)
     var = np.stack([np.diag(np.linalg.inv(P)) for P in msg["precision"]])
-    post, _, _ = aggregate(fp.algorithms.EPMCMC(covariance="diag"), FED,
-                           {"linear": msg["mean"] / var, "precision": 1.0 / var})
+    post, _, _ = aggregate(fp.algorithms.EPMCMC(covariance="diag"), FED, Gaussian(msg["mean"] / var, 1.0 / var))
     prec = (1.0 / var).sum(0) - (K - 1) / PRIOR ** 2
     lin = (msg["mean"] / var).sum(0)
     np.testing.assert_allclose(np.asarray(post.form.precision), prec, rtol=1e-4)
@@ -189,18 +194,23 @@ def test_epmcmc_and_consensus_from_exact_draws():
     assert post.info["missing_prior_share"] == 0.0
     assert_matches(post, mu, cov)
     assert post.form.draws.shape == (2000, D)
-    # one client's draws and weight
-    (X, y), draws = CLIENTS[2], np.asarray(msgs[1]["draws"][2], np.float64)
+    # one client's message: its weight W (inverse sample covariance: S >> d, no shrinkage) and W w_s
+    W = np.asarray(msgs[1]["weight"][2], np.float64)
+    draws = np.asarray(msgs[1]["weighted_draws"][2], np.float64) @ np.linalg.inv(W)
+    (X, y) = CLIENTS[2]
     m2, c2 = client_exact(X, y, prior_weight=1.0 / K)
     np.testing.assert_array_less(np.abs(draws.mean(0) - m2) / np.sqrt(np.diag(c2)), 0.15)
-    np.testing.assert_allclose(np.asarray(msgs[1]["weight"][2]), np.linalg.inv(np.cov(draws.T)), rtol=1e-3)
+    np.testing.assert_allclose(W, np.linalg.inv(np.cov(draws.T)), rtol=1e-3)
+    # the server keeps sums: sum_k W_k, sum_k W_k w_{k,s}, counted by client
+    np.testing.assert_allclose(np.asarray(server.sums["weight"]), np.asarray(msgs[1]["weight"]).sum(0), rtol=1e-5)
+    assert server.sums["weighted_draws"].shape == (2000, D)
 
 
 def test_consensus_diag_combination_by_hand():
     rng = np.random.default_rng(0)
     draws = rng.normal(size=(K, 50, D)) * rng.uniform(0.5, 2.0, size=(K, 1, D)) + rng.normal(size=(K, 1, D))
     W = 1.0 / draws.var(1, ddof=1)                                    # (K, d)
-    post, _, _ = aggregate(fp.algorithms.ConsensusMC(covariance="diag"), FED, {"draws": draws, "weight": W})
+    post, _, _ = aggregate(fp.algorithms.ConsensusMC(covariance="diag"), FED, Samples(draws))
     want = np.einsum("kd,ksd->sd", W, draws) / W.sum(0)
     np.testing.assert_allclose(np.asarray(post.form.draws), want, rtol=1e-4, atol=1e-5)
 
@@ -217,13 +227,13 @@ def test_many_tiny_clients_fewer_points_than_parameters():
     fed = fp.data.FederatedData.from_clients(clients)
     mu, cov = exact(clients)
     msg = exact_messages(clients)
-    post, _, _ = aggregate(fp.algorithms.EPMCMC(), fed, {"linear": msg["linear"], "precision": msg["precision"]})
+    post, _, _ = aggregate(fp.algorithms.EPMCMC(), fed, Gaussian(msg["linear"], msg["precision"]))
     m, c = moments(post)
     np.testing.assert_allclose(m, mu, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(c, cov, rtol=1e-3, atol=1e-6)
     assert post.info["fallback"] is None
     msg = exact_messages(clients, prior_weight=1 / 20, num_draws=4000)
-    post, _, _ = aggregate(fp.algorithms.ConsensusMC(), fed, {"draws": msg["draws"], "weight": msg["weight"]})
+    post, _, _ = aggregate(fp.algorithms.ConsensusMC(), fed, Samples(msg["draws"]))
     assert_matches(post, mu, cov)
 
 
@@ -234,9 +244,8 @@ def test_masked_clients_are_excluded():
     mu, cov = exact([CLIENTS[k] for k in keep])
     msg = exact_messages(CLIENTS)
     msg["linear"][1] = np.nan
-    post, _, state = aggregate(fp.algorithms.EPMCMC(), FED, {"linear": msg["linear"], "precision": msg["precision"]},
-                               mask=mask)
-    assert np.all(np.isfinite(np.asarray(state.messages["linear"])))     # never stored
+    post, _, state = aggregate(fp.algorithms.EPMCMC(), FED, Gaussian(msg["linear"], msg["precision"]), mask=mask)
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in state.sums.values())     # never added
     m, c = moments(post)
     np.testing.assert_allclose(m, mu, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(c, cov, rtol=1e-3, atol=1e-6)
@@ -244,8 +253,7 @@ def test_masked_clients_are_excluded():
     # Consensus: the missing client's prior share 1/K is put back from the prior
     msg = exact_messages(CLIENTS, prior_weight=1 / K, num_draws=2000)
     msg["draws"][1] = np.nan
-    post, _, _ = aggregate(fp.algorithms.ConsensusMC(), FED, {"draws": msg["draws"], "weight": msg["weight"]},
-                           mask=mask)
+    post, _, _ = aggregate(fp.algorithms.ConsensusMC(), FED, Samples(msg["draws"]), mask=mask)
     assert post.info["missing_prior_share"] == 0.25
     assert_matches(post, mu, cov)
     # One-shot average through the client path: the N_k-weighted mean of the others' posterior means
@@ -288,13 +296,13 @@ def test_nonpositive_product_warns_and_clips_to_the_prior():
     prec = np.stack([prior * s for s in (0.5, 0.8, 0.9, 0.6)])          # sum 2.8 < K - 1 = 3
     prec[0, 0, 1] = prec[0, 1, 0] = 0.2
     with pytest.warns(RuntimeWarning, match="not positive definite"):
-        post, _, _ = aggregate(fp.algorithms.EPMCMC(), FED, {"linear": np.zeros((K, D)), "precision": prec})
+        post, _, _ = aggregate(fp.algorithms.EPMCMC(), FED, Gaussian(np.zeros((K, D)), prec))
     assert post.info["fallback"] == "clip_to_prior" and post.info["num_nonpositive"] >= 1
     P = np.asarray(post.form.precision, np.float64)
     assert np.linalg.eigvalsh(P - prior).min() > -1e-5          # at least as concentrated as the prior
     assert np.all(np.isfinite(np.asarray(post.sample(jax.random.PRNGKey(0), 5)["w"])))
     # diagonal: a coordinate with non-positive precision is set to the prior's
-    g, info = gaussian_product(Gaussian(jnp.ones((K, 2)), jnp.array([[0.2, 2.0]] * K)),
+    g, info = guarded_product(Gaussian(jnp.ones((K, 2)), jnp.array([[0.2, 2.0]] * K)),
                                Gaussian(jnp.zeros(2), jnp.ones(2)), -(K - 1), warn=False)
     np.testing.assert_allclose(np.asarray(g.precision), [1.0, 8.0 - 3.0], rtol=1e-6)
     assert info["num_clipped"] == 1 and info["fallback"] == "clip_to_prior"
@@ -323,12 +331,170 @@ def test_kde_product_variants_on_two_dimensions():
     mu, cov = exact(clients)
     msg = exact_messages(clients, prior_weight=1 / 3, num_draws=1000)
     for method in ("nonparametric", "semiparametric"):
-        post, _, _ = aggregate(fp.algorithms.EPMCMC(method=method, num_samples=2000), fed, {"draws": msg["draws"]})
+        post, _, _ = aggregate(fp.algorithms.EPMCMC(method=method, num_samples=2000), fed, Samples(msg["draws"]))
         assert post.info["subposteriors"] and post.info["prior_power"] == 0.0
         assert fp.algorithms.EPMCMC(method=method).prior_weight(ctx_of(fed)) == pytest.approx(1 / 3)
         assert 0.02 < post.info["acceptance_rate"] < 0.9
         assert post.form.draws.shape == (2000, 2)
         assert_matches(post, mu, cov, mean_tol=0.4, sd_tol=0.3)
+
+
+def test_semiparametric_with_full_prior_clients_counts_the_prior_once():
+    """Regression: with the prior power -(K-1) (full-prior clients) the semiparametric product put the
+    prior into the Gaussian that steers the components AND into every component's weight: on these
+    small clients (4-8 rows, the prior matters) the mean was 0.34 and -0.76 sd off; now within 0.1."""
+    clients = make_clients(K=3, sizes=[4, 6, 8], seed=1, d=2)
+    fed = fp.data.FederatedData.from_clients(clients)
+    mu, cov = exact(clients)
+    msg = exact_messages(clients, prior_weight=1.0, num_draws=1000)
+    algo = fp.algorithms.EPMCMC(method="semiparametric", num_samples=2000, subposteriors=False)
+    post, _, _ = aggregate(algo, fed, Samples(msg["draws"]), seed=1)
+    assert post.info["prior_power"] == -2.0
+    assert_matches(post, mu, cov, mean_tol=0.25, sd_tol=0.2)
+
+
+def wide_clients(K, n, d, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=d)
+    out = []
+    for _ in range(K):
+        X = rng.normal(size=(n, d)).astype(np.float32)
+        out.append((X, (X @ w + SIGMA * rng.normal(size=n)).astype(np.float32)))
+    return out
+
+
+def test_full_covariance_from_fewer_draws_than_dimensions():
+    """Regression: d = 20, 10 exact draws per client. The raw sample covariance (rank 9) made the
+    product's mean several sd off with sds a few thousandths of the exact ones, silently; the shrunk
+    fit keeps it within Monte Carlo error of 10 draws, and it warns with the draws needed (200). With
+    S >> d nothing changes (the plain sample covariance)."""
+    d = 20
+    clients = wide_clients(4, 60, d, 0)
+    fed = fp.data.FederatedData.from_clients(clients)
+    mu, cov = exact(clients)
+    sd = np.sqrt(np.diag(cov))
+    msg = exact_messages(clients, num_draws=10, seed=1)
+    with pytest.warns(RuntimeWarning, match="200 draws per client"), \
+            pytest.warns(RuntimeWarning, match="Monte Carlo error of the combined mean"):
+        post, _, _ = aggregate(fp.algorithms.EPMCMC(), fed, Samples(msg["draws"]))
+    m, c = moments(post)
+    assert np.max(np.abs(m - mu) / sd) < 2.5
+    ratio = np.sqrt(np.diag(c)) / sd
+    assert 0.5 < ratio.min() and ratio.max() < 2.0
+    assert post.info["mc_error_sd_ratio"] > 0.2          # 10 draws per client: flagged as well
+    msg = exact_messages(clients, num_draws=3000, seed=1)
+    post, _, _ = aggregate(fp.algorithms.EPMCMC(), fed, Samples(msg["draws"]))
+    assert_matches(post, mu, cov, mean_tol=0.15, sd_tol=0.05)
+
+
+def test_summing_server_equals_the_slot_combination():
+    """The server's sums give the combination computed from every client's own message to float tolerance."""
+    msg = exact_messages(CLIENTS, num_draws=300, seed=2)
+    draws = msg["draws"].astype(np.float32)
+    ep, ctx, state = aggregate(fp.algorithms.EPMCMC(), FED, Samples(draws))
+    fits = jax.vmap(lambda x: fp.gaussian.moment_match(x))(jnp.asarray(draws))
+    g0, _ = prior_gaussian(ctx.potential, jax.random.split(state.key)[0], diag=False)
+    want, _ = guarded_product(fits, g0, -(K - 1))
+    np.testing.assert_allclose(np.asarray(ep.form.precision), np.asarray(want.precision), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ep.form.mean()), np.asarray(want.mean()), rtol=1e-5, atol=1e-6)
+    # Consensus: w_s = (sum_k W_k)^-1 sum_k W_k w_{k,s}, W_k the inverse sample covariance (S >> d)
+    cm, _, _ = aggregate(fp.algorithms.ConsensusMC(), FED, Samples(draws))
+    W = np.stack([np.linalg.inv(np.cov(x.T.astype(np.float64))) for x in draws])
+    want = np.linalg.solve(W.sum(0), np.einsum("kij,ksj->is", W, draws)).T
+    np.testing.assert_allclose(np.asarray(cm.form.draws), want, rtol=2e-4, atol=2e-5)
+
+
+def test_summing_server_masks_and_counts_each_client_once():
+    algo = fp.algorithms.EPMCMC()
+    ctx = ctx_of(FED)
+    msg = exact_messages(CLIENTS)
+    payload = jax.vmap(lambda r: algo.make_message(ctx, r, None))(
+        Gaussian(jnp.asarray(msg["linear"], jnp.float32), jnp.asarray(msg["precision"], jnp.float32)))
+    payload["linear"] = payload["linear"].at[1].set(jnp.nan)                  # client 1 diverged
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), payload)
+    state = algo.empty_state(ctx, jax.random.PRNGKey(0), shapes)
+    take = lambda ids: (jnp.asarray(ids), jax.tree_util.tree_map(lambda a: a[np.asarray(ids)], payload))  # noqa
+    sizes = jnp.asarray(FED.sizes)
+    state = jax.jit(lambda s, m, w, k: algo.server_update(ctx, s, m, w, k))(
+        state, take([0, 1]), sizes[:2], jnp.array([True, False]))
+    np.testing.assert_array_equal(np.asarray(state.valid), [True, False, False, False])
+    np.testing.assert_allclose(np.asarray(state.sums["precision"]), msg["precision"][0], rtol=1e-6)
+    # a later round: client 0 again (ignored: counted once), clients 1 (now finite) and 3
+    payload["linear"] = payload["linear"].at[1].set(jnp.asarray(msg["linear"][1], jnp.float32))
+    state = algo.server_update(ctx, state, take([0, 1, 3]), sizes[np.array([0, 1, 3])], jnp.ones(3, bool))
+    np.testing.assert_array_equal(np.asarray(state.valid), [True, True, False, True])
+    np.testing.assert_allclose(np.asarray(state.sums["precision"]), msg["precision"][[0, 1, 3]].sum(0), rtol=1e-5)
+    post = algo.posterior(ctx, state, None)
+    mu, cov = exact([CLIENTS[k] for k in (0, 1, 3)])
+    np.testing.assert_allclose(np.asarray(post.form.mean()), mu, rtol=1e-3, atol=1e-4)
+    assert post.info["prior_power"] == -2 and post.info["client_ids"] == [0, 1, 3]
+    assert post.info["client_ess"][0] == np.inf and post.info["mc_error_sd_ratio"] == 0.0   # exact Gaussians
+
+
+def test_parametric_server_state_does_not_grow_with_the_number_of_clients():
+    def leaf_shapes(algo, K):
+        clients = make_clients(K=K, sizes=[5] * K, seed=K)
+        fed = fp.data.FederatedData.from_clients(clients)
+        state, _ = algo.init(ctx_of(fed), jax.random.PRNGKey(0), fed.client_data())
+        return {k: v.shape for k, v in state.sums.items()}, state.valid.shape
+
+    for algo in (fp.algorithms.EPMCMC(client=Exact("samples", num_samples=50)),
+                 fp.algorithms.ConsensusMC(client=Exact("samples", num_samples=50), covariance="diag")):
+        s4, v4 = leaf_shapes(algo, 4)
+        s40, v40 = leaf_shapes(algo, 40)
+        assert s4 == s40 and v4 == (4,) and v40 == (40,)
+    assert s4 == {"weight": (D,), "weighted_draws": (50, D), "mc": (D,)}
+    # the kernel variant keeps every client's draws
+    state, _ = fp.algorithms.EPMCMC(client=Exact("samples", num_samples=50), method="nonparametric").init(
+        ctx_of(FED), jax.random.PRNGKey(0), FED.client_data())
+    assert state.messages["draws"].shape == (K, 50, D)
+
+
+def test_monte_carlo_error_warning_names_the_clients_with_the_lowest_ess():
+    """Autocorrelated client draws (each iid draw repeated): few effective draws, the product's mean is
+    flagged, and the client with the fewest effective draws is named first."""
+    rng = np.random.default_rng(5)
+    msg = exact_messages(CLIENTS, num_draws=40, seed=5)
+    reps = [25, 25, 100, 25]                                             # client 2: 10 effective draws
+    draws = np.stack([np.repeat(msg["draws"][k][: 1000 // r], r, axis=0) for k, r in enumerate(reps)])
+    draws = draws + 1e-4 * rng.normal(size=draws.shape)                   # 1000 draws each
+    for algo in (fp.algorithms.EPMCMC(), fp.algorithms.ConsensusMC()):
+        with pytest.warns(RuntimeWarning, match=r"Lowest effective sample sizes: client 2 \(ESS"):
+            post, _, _ = aggregate(algo, FED, Samples(draws))
+        ess = post.info["client_ess"]
+        assert ess[2] < 15 and min(ess[0], ess[1], ess[3]) > 15
+        assert post.info["mc_error_sd_ratio"] > 0.2
+    # many effective draws: no warning, a small ratio
+    msg = exact_messages(CLIENTS, num_draws=2000, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        post, _, _ = aggregate(fp.algorithms.EPMCMC(), FED, Samples(msg["draws"]))
+    assert post.info["mc_error_sd_ratio"] < 0.06
+
+
+def test_one_set_of_client_runs_feeds_several_aggregates():
+    runs = run_clients(Exact("samples", num_samples=2000), model, FED, seed=0)
+    mu, cov = exact(CLIENTS)
+    ep, ens, avg = aggregate_runs([fp.algorithms.EPMCMC(), fp.algorithms.Ensemble(), fp.algorithms.OneShotAverage()],
+                                  runs)
+    assert_matches(ep, mu, cov)
+    draws = np.asarray(runs.results.posterior.draws)
+    np.testing.assert_allclose(np.asarray(ens.client_draws), draws)                # the same draws
+    q = FED.sizes / FED.sizes.sum()
+    np.testing.assert_allclose(np.asarray(avg.flat_mean), q @ draws.mean(1), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="prior share 0.25"):
+        aggregate_runs([fp.algorithms.ConsensusMC()], runs)
+    sub = run_clients(Exact("samples", num_samples=2000), model, FED, seed=0, prior_weight=1 / K)
+    cm, = aggregate_runs([fp.algorithms.ConsensusMC()], sub)
+    assert_matches(cm, mu, cov)
+    # a diverged client is masked out of every aggregate
+    with pytest.warns(RuntimeWarning, match=r"client\(s\) \[1\] are not finite"):
+        bad = run_clients(Exact(poison_n=int(FED.sizes[1])), model, FED, seed=0)
+    np.testing.assert_array_equal(np.asarray(bad.mask), [True, False, True, True])
+    ep2, = aggregate_runs([fp.algorithms.EPMCMC()], bad)
+    assert ep2.info["client_ids"] == [0, 2, 3] and ep2.info["prior_power"] == -2
+    mu3, cov3 = exact([CLIENTS[k] for k in (0, 2, 3)])
+    np.testing.assert_allclose(np.asarray(ep2.form.mean()), mu3, rtol=1e-3, atol=1e-4)
 
 
 # -- real backends through fp.run ----------------------------------------------------------------------
@@ -427,7 +593,7 @@ def test_predictive_bayes_classification_product_by_hand():
 
     pk = probs(draws).mean(1)                               # (K, n, 3)
     for tol in (4.0, 0.0):
-        post, _, _ = aggregate(fp.algorithms.PredictiveBayes(uniform_tolerance=tol), fed, {"draws": draws},
+        post, _, _ = aggregate(fp.algorithms.PredictiveBayes(uniform_tolerance=tol), fed, Samples(draws),
                                mdl=clf_model)
         got = np.asarray(post.predict(X.astype(np.float32)), np.float64)
         if tol > 0:   # class-symmetric prior: its predictive is uniform, detected at every point
@@ -438,7 +604,7 @@ def test_predictive_bayes_classification_product_by_hand():
             p0 = probs(np.asarray(post.prior_draws, np.float64)).mean(0)
             want = pk.prod(0) / p0 ** 2
         np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=2e-4, atol=1e-6)
-    ens, _, _ = aggregate(fp.algorithms.Ensemble(weighting="uniform"), fed, {"draws": draws}, mdl=clf_model)
+    ens, _, _ = aggregate(fp.algorithms.Ensemble(weighting="uniform"), fed, Samples(draws), mdl=clf_model)
     np.testing.assert_allclose(np.asarray(ens.predict(X.astype(np.float32))), pk.mean(0), rtol=1e-4)
 
 
@@ -499,7 +665,7 @@ def test_predictive_bayes_regression_against_exact_predictive():
 
 def test_ensemble_is_the_size_weighted_mixture():
     draws = exact_messages(CLIENTS, num_draws=200)["draws"]
-    post, _, _ = aggregate(fp.algorithms.Ensemble(), FED, {"draws": draws})
+    post, _, _ = aggregate(fp.algorithms.Ensemble(), FED, Samples(draws))
     q = FED.sizes / FED.sizes.sum()
     x = held_out(300, 3)[0].astype(np.float64)
     f = np.einsum("nd,ksd->kns", x, draws)
@@ -527,11 +693,11 @@ def test_bad_arguments_fail_early():
         fp.algorithms.ConsensusMC(client=Exact("samples", num_samples=1)).init(
             ctx_of(FED), jax.random.PRNGKey(0), FED.client_data())
     post, _, _ = aggregate(fp.algorithms.PredictiveBayes(pooling="beta"), FED,
-                           {"draws": exact_messages(CLIENTS, num_draws=20)["draws"]})
+                           Samples(exact_messages(CLIENTS, num_draws=20)["draws"]))
     with pytest.raises(ValueError, match="fit_beta"):
         post.predict(FED.X[0])
     with pytest.raises(ValueError, match="no client message"):
-        aggregate(fp.algorithms.Ensemble(), FED, {"draws": np.zeros((K, 3, D))}, mask=np.zeros(K, bool))
+        aggregate(fp.algorithms.Ensemble(), FED, Samples(np.zeros((K, 3, D))), mask=np.zeros(K, bool))
 
 
 @pytest.mark.slow

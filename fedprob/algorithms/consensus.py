@@ -1,10 +1,10 @@
 """Consensus Monte Carlo (Scott et al. 2016): a weighted average of aligned sub-posterior draws.
 
 Client k samples its sub-posterior ``p0(w)^(1/K) p(D_k | w)`` (prior share
-1/K, arranged here) and sends its S draws with the weight
-``W_k = Sigma_k^-1``, the inverse of its sample covariance (``covariance=
-"diag"``: elementwise inverse variances). The server combines the s-th draw
-of every client::
+1/K, arranged here) and computes the weight ``W_k = Sigma_k^-1``, the inverse
+of its sample covariance (with its correlations shrunk toward zero,
+:func:`fedprob.gaussian.moment_match`; ``covariance="diag"``: elementwise
+inverse variances). The server combines the s-th draw of every client::
 
     w_s = (sum_k W_k)^-1 sum_k W_k w_{k,s},     s = 1..S.
 
@@ -12,16 +12,26 @@ Exact for Gaussian sub-posteriors (the combined draws are then exact draws of
 the product). A Gaussian client output (SVI, Laplace, IVON) contributes
 ``num_samples`` of its own draws and its exact precision as ``W_k``.
 
+The server **sums**: each client sends ``W_k`` and its weighted draws
+``W_k w_{k,s}`` (S, d), and the server keeps ``sum_k W_k``,
+``sum_k W_k w_{k,s}`` and the clients counted
+(:class:`~fedprob.algorithms.one_round.SummingOneRoundAlgorithm`), so its
+memory does not grow with K. Clients also send the Monte Carlo covariance
+terms of their means; ``info["mc_error_sd_ratio"]`` is the Monte Carlo sd of
+the combined mean over the posterior sd (a RuntimeWarning above 0.2 names
+the clients with the lowest effective sample size).
+
 Masked clients (diverged, or absent) are left out; the prior share they
 carried, ``(K - K')/K`` with ``K'`` clients combined, is put back as one more
 "sub-posterior": the prior's Gaussian (exact for Normal priors, see
-:func:`fedprob.algorithms.one_round.prior_gaussian`) raised to that power,
-with its own draws.
+:func:`fedprob.gaussian.prior_gaussian`) raised to that power, with its own
+draws.
 
 Clients with fewer points than parameters still have a proper sub-posterior
 (the 1/K prior share keeps it proper), so the method runs; with many tiny
 clients each ``W_k`` is estimated from draws of a wide sub-posterior and the
-sampling error of the weights grows with d/S, so use more draws (S >> d).
+sampling error of the weights grows with d/S, so use more draws (S >> d;
+full weights from fewer than 10 d draws warn).
 Draws must be aligned: every client returns the same number S.
 """
 from __future__ import annotations
@@ -31,14 +41,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from .. import gaussian as gauss
 from ..posteriors import GlobalPosterior, Samples
 from .base import Context
-from .one_round import (OneRoundAlgorithm, check_choice, check_int, prior_gaussian, result_draws,
-                        result_gaussian)
+from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, draws_ess, mc_message,
+                        monte_carlo_check, result_draws, result_gaussian)
 
 
 @dataclasses.dataclass(frozen=True)
-class ConsensusMC(OneRoundAlgorithm):
+class ConsensusMC(SummingOneRoundAlgorithm):
     """Consensus Monte Carlo over client sub-posteriors (see the module docstring).
 
     client: the backend (default NUTS); covariance: ``"full"`` or ``"diag"``
@@ -65,40 +76,42 @@ class ConsensusMC(OneRoundAlgorithm):
         return 1.0 / ctx.num_clients
 
     def make_message(self, ctx, result, key):
+        """``{"weight": W_k, "weighted_draws": W_k w_{k,s} (S, d), "mc", "ess"}``."""
         diag = self.covariance == "diag"
-        draws = result_draws(result, key, self.num_samples)
-        g = result_gaussian(result, diag, self.jitter)
-        return {"draws": draws, "weight": g.precision}
-
-    def check_message(self, ctx, shapes):
-        S = shapes["draws"].shape[0]
-        if S < 2:
+        post = result.posterior if hasattr(result, "posterior") else result
+        draws = result_draws(post, key, self.num_samples)
+        if draws.shape[0] < 2:      # shapes are static: this fails at init, before compiling
             raise ValueError(f"ConsensusMC needs at least 2 draws per client to estimate the weights, "
-                             f"the client backend returns {S}")
+                             f"the client backend returns {draws.shape[0]}")
+        if isinstance(post, Samples):
+            g = gauss.moment_match(draws, diag, self.jitter, name="ConsensusMC")
+            ess = draws_ess(draws)
+        else:                       # exact Gaussian output: its own iid draws
+            g = result_gaussian(post, diag, self.jitter)
+            ess = jnp.full(draws.shape[1:], float(draws.shape[0]), draws.dtype)
+        W = g.precision
+        cov = g.variance() if diag else g.covariance()
+        weighted = W * draws if diag else draws @ W
+        return {"weight": W, "weighted_draws": weighted, **mc_message(W, cov, ess)}
 
     def posterior(self, ctx: Context, server_state, client_states) -> GlobalPosterior:
-        msgs, sizes, ids = self.received(server_state)
-        draws, W = msgs["draws"], msgs["weight"]          # (K', S, d), (K', d[, d])
-        Kp = draws.shape[0]
+        sums, ids, ess = self.counted(server_state)
+        Kp = int(ids.size)
+        Wsum, WX = sums["weight"], sums["weighted_draws"]           # (d[, d]), (S, d)
         diag = self.covariance == "diag"
         missing = (ctx.num_clients - Kp) / ctx.num_clients
-        if diag:
-            Wsum = jnp.sum(W, 0)
-            WX = jnp.sum(W[:, None, :] * draws, 0)
-        else:
-            Wsum = jnp.sum(W, 0)
-            WX = jnp.einsum("ksi,kij->sj", draws, W)
         if missing > 0:
             k_prior, k_draw = jax.random.split(server_state.key)
-            g0, _ = prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
+            g0, _ = gauss.prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
             g0 = g0.power(missing)
-            d0 = g0.sample(k_draw, draws.shape[1])
+            d0 = g0.sample(k_draw, WX.shape[0])
             Wsum = Wsum + g0.precision
             WX = WX + (g0.precision * d0 if diag else d0 @ g0.precision)
         combined = WX / Wsum if diag else jnp.linalg.solve(Wsum, WX.T).T
         info = {"kind": "consensus monte carlo", "covariance": self.covariance,
-                "num_clients_combined": int(Kp), "client_ids": ids.tolist(),
+                "num_clients_combined": Kp, "client_ids": ids.tolist(),
                 "missing_prior_share": float(missing)}
+        info.update(monte_carlo_check("ConsensusMC", Wsum, sums["mc"], ids, ess))
         return GlobalPosterior(ctx.potential, Samples(combined), info=info)
 
 

@@ -12,17 +12,29 @@ over the K' clients received (masked clients are left out; the result is the
 posterior given the others' data). ``(S_0, S_0 mu_0)`` is the prior's Gaussian
 in fedprob's flat unconstrained layout: exact for Normal priors, otherwise
 moment-matched to ``num_prior_samples`` prior draws
-(:func:`fedprob.algorithms.one_round.prior_gaussian`); ``info["prior_exact"]``
+(:func:`fedprob.gaussian.prior_gaussian`); ``info["prior_exact"]``
 says which. With ``subposteriors=True`` the clients use the prior share 1/K
 instead and the correction is ``(1 - K'/K)`` copies (none when all arrive).
 Exact when the client posteriors are Gaussian (conjugate models).
+
+The server **sums** (:class:`~fedprob.algorithms.one_round.SummingOneRoundAlgorithm`):
+each client sends its natural parameters ``(P_k mu_k, P_k)`` and the server
+keeps their masked sums and the count K' of clients received (for the prior
+power), so its memory does not grow with K. Client Gaussians are
+moment-matched to draws with shrinkage of the correlations
+(:func:`fedprob.gaussian.moment_match`; full covariances from fewer than
+10 d draws warn). Clients also send ``P_k Sigma_mc,k P_k``, the Monte Carlo
+covariance of their mean from their per-coordinate effective sample sizes,
+whose sum gives ``info["mc_error_sd_ratio"]``: the Monte Carlo sd of the
+product's mean over its posterior sd (a RuntimeWarning above 0.2 names the
+clients with the lowest ESS).
 
 Guard: if the product's precision is not positive definite (noisy moment
 estimates, a prior correction larger than the clients' information) a
 RuntimeWarning is issued at ``posterior()`` time, ``info["fallback"]`` is set,
 and every direction in which the product is less concentrated than the prior
 is clipped to the prior's precision (prior-whitened eigenbasis; diagonal:
-per coordinate); see :func:`fedprob.algorithms.one_round.gaussian_product`.
+per coordinate); see :func:`fedprob.gaussian.guarded_product`.
 
 ``method="nonparametric"`` multiplies kernel density estimates of the client
 sub-posteriors and samples the product by independent Metropolis-within-Gibbs
@@ -40,10 +52,13 @@ covariance ``h^2 Sigma_k``; ``covariance="diag"``: its variances), so
 ``bandwidth`` is in units of that client's spread. The paper uses isotropic
 kernels ``h^2 I``; both are exact as h -> 0, and shaped kernels keep the
 product's mean right at finite h when the sub-posteriors differ in scale.
-These variants default to sub-posteriors (prior share 1/K, as in the paper);
-with full-prior clients, or clients masked out, each component's weight
-carries the missing prior power ``(1 - K' s)`` evaluated at the component
-mean (exact as h -> 0).
+These variants keep every client's draws (one slot per client) and default
+to sub-posteriors (prior share 1/K, as in the paper). With full-prior
+clients, or clients masked out, the missing prior power ``(1 - K' s)`` enters
+once: nonparametric, in each component's weight, evaluated at the component
+mean (exact as h -> 0); semiparametric, in the Gaussian product that steers
+the components (the prior's Gaussian, exact for Normal priors), and not
+again in the weights.
 """
 from __future__ import annotations
 
@@ -54,16 +69,17 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
+from .. import gaussian as gauss
 from ..posteriors import Gaussian, GlobalPosterior, Samples
 from .base import Context
-from .one_round import (OneRoundAlgorithm, check_choice, check_int, gaussian_product,
-                        prior_gaussian, result_draws, result_gaussian)
+from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, client_gaussian_message,
+                        monte_carlo_check, result_draws)
 
 METHODS = ("parametric", "nonparametric", "semiparametric")
 
 
 @dataclasses.dataclass(frozen=True)
-class EPMCMC(OneRoundAlgorithm):
+class EPMCMC(SummingOneRoundAlgorithm):
     """Embarrassingly parallel MCMC (see the module docstring).
 
     client: the backend (default NUTS); covariance: ``"full"`` or ``"diag"``
@@ -109,10 +125,13 @@ class EPMCMC(OneRoundAlgorithm):
     def prior_weight(self, ctx: Context) -> float:
         return 1.0 / ctx.num_clients if self.uses_subposteriors else 1.0
 
+    def sums_messages(self) -> bool:
+        """The parametric product sums natural parameters; the kernel variants keep draws."""
+        return self.method == "parametric"
+
     def make_message(self, ctx, result, key):
         if self.method == "parametric":
-            g = result_gaussian(result, self.covariance == "diag", self.jitter)
-            return {"linear": g.linear, "precision": g.precision}
+            return client_gaussian_message(result, self.covariance == "diag", self.jitter, "EPMCMC")
         return {"draws": result_draws(result, key, self.num_samples)}
 
     def check_message(self, ctx, shapes):
@@ -126,19 +145,23 @@ class EPMCMC(OneRoundAlgorithm):
         return 0.0 if abs(power) < 1e-9 else power
 
     def posterior(self, ctx: Context, server_state, client_states) -> GlobalPosterior:
-        msgs, sizes, ids = self.received(server_state)
+        if self.method == "parametric":
+            sums, ids, ess = self.counted(server_state)
+        else:
+            msgs, _, ids = self.received(server_state)
         Kp = int(ids.size)
         diag = self.covariance == "diag"
         power = self.prior_power(ctx, Kp)
         k_prior, k_chain = jax.random.split(server_state.key)
-        g0, exact = prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
+        g0, exact = gauss.prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
         info = {"kind": f"ep-mcmc ({self.method})", "covariance": self.covariance,
                 "num_clients_combined": Kp, "client_ids": ids.tolist(), "prior_power": power,
                 "prior_exact": bool(exact), "subposteriors": self.uses_subposteriors}
         if self.method == "parametric":
-            clients = Gaussian(msgs["linear"], msgs["precision"])
-            g, ginfo = gaussian_product(clients, g0, power, name="EPMCMC")
+            g, ginfo = gauss.guarded_product(Gaussian(sums["linear"], sums["precision"]), g0, power,
+                                             name="EPMCMC", stacked=False)
             info.update(ginfo)
+            info.update(monte_carlo_check("EPMCMC", g.precision, sums["mc"], ids, ess))
             return GlobalPosterior(ctx.potential, g, info=info)
         draws, cinfo = kde_product_sample(
             k_chain, msgs["draws"], num_samples=self.num_samples, bandwidth=self.bandwidth,
@@ -156,7 +179,8 @@ def _prepare(draws, diag: bool, jitter: float):
     """Coordinates and per-draw terms of the kernel product.
 
     Client k's kernel has precision ``Lambda_k / h^2``, ``Lambda_k`` the
-    inverse of its sample covariance (diagonal for ``diag``). The draws are
+    inverse of its sample covariance (diagonal for ``diag``; full: shrunk
+    when draws are few, :func:`fedprob.gaussian.sample_covariance`). The draws are
     mapped to ``u = L^-1 (w - center)`` with ``L L' = K (sum_k Lambda_k)^-1``,
     where the kernel precisions sum to ``K I``. Returns center, L, u, the
     per-draw ``a = Lambda_k u`` and ``b = u' Lambda_k u``, the clients'
@@ -164,11 +188,12 @@ def _prepare(draws, diag: bool, jitter: float):
     """
     K, S, d = draws.shape
     center = jnp.mean(draws, (0, 1))
-    c = draws - jnp.mean(draws, 1, keepdims=True)
-    cov = jnp.einsum("ksi,ksj->kij", c, c) / max(S - 1, 1)
     eye = jnp.eye(d, dtype=draws.dtype)
     if diag:
-        cov = cov * eye
+        cov = jnp.var(draws, 1, ddof=1)[:, :, None] * eye
+    else:
+        gauss.warn_few_draws(S, d, "EPMCMC (kernel shapes)", stacklevel=4)
+        cov = gauss.sample_covariance(draws)
     eps = jitter * jnp.mean(jnp.diagonal(cov, axis1=1, axis2=2), 1) + 1e-30
     cov = cov + eps[:, None, None] * eye
     lam_k = jnp.linalg.inv(cov)
@@ -206,9 +231,11 @@ def kde_product_sample(key, draws, num_samples: int, bandwidth: float = 1.0, sem
     coordinates whitened by the clients' mean sample covariance (diagonal:
     mean variances), with isotropic kernels there. ``log_prior`` (a function
     of the flat parameter) with ``prior_power`` multiplies each component
-    weight by ``p0(component mean)^prior_power``; ``prior`` (a Gaussian in the
-    original coordinates) enters the semiparametric Gaussian product with the
-    same power. Returns ((num_samples, d) draws, info).
+    weight by ``p0(component mean)^prior_power`` (nonparametric); in the
+    semiparametric variant ``prior`` (a Gaussian in the original coordinates)
+    enters the Gaussian product with that power instead and ``log_prior`` is
+    used only when ``prior`` is None: the prior power is counted once. Returns
+    ((num_samples, d) draws, info).
     """
     draws = jnp.asarray(draws)
     K, S, d = draws.shape
@@ -220,13 +247,14 @@ def kde_product_sample(key, draws, num_samples: int, bandwidth: float = 1.0, sem
         else:
             pf = prior.to_full()
             prior_u = Gaussian(L.T @ (pf.linear - pf.precision @ center), L.T @ pf.precision @ L)
-        gM, ginfo = gaussian_product(fits, prior_u, prior_power, name="EPMCMC(semiparametric)")
+        gM, ginfo = gauss.guarded_product(fits, prior_u, prior_power, name="EPMCMC(semiparametric)")
         info.update({"gaussian_" + k: v for k, v in ginfo.items()})
         semi = (logf,) + _eig_cov(gM)
     else:
         semi = (jnp.zeros((K, S), u.dtype), jnp.zeros((d,), u.dtype), jnp.ones((d,), u.dtype),
                 jnp.eye(d, dtype=u.dtype))
-    use_prior = log_prior is not None and prior_power != 0
+    # semiparametric: the prior's Gaussian is already in the product gM that steers every component
+    use_prior = log_prior is not None and prior_power != 0 and not (semiparametric and prior is not None)
     x, acc = _mwg_chain(key, a, b, semi, jnp.asarray(bool(semiparametric)), center, L,
                         jnp.asarray(prior_power, u.dtype), log_prior if use_prior else None,
                         int(num_samples), float(bandwidth), int(sweeps))
@@ -235,13 +263,7 @@ def kde_product_sample(key, draws, num_samples: int, bandwidth: float = 1.0, sem
 
 
 def _fit(x, diag, jitter):
-    mean = jnp.mean(x, 0)
-    c = x - mean
-    cov = c.T @ c / max(x.shape[0] - 1, 1)
-    if diag:
-        cov = jnp.diag(jnp.diag(cov))
-    cov = cov + (jitter * jnp.mean(jnp.diag(cov)) + 1e-30) * jnp.eye(x.shape[1], dtype=x.dtype)
-    return Gaussian.from_moments(mean, cov)
+    return gauss.moment_match(x, diag, jitter, warn=False)
 
 
 @partial(jax.jit, static_argnums=(8, 9, 10, 11))

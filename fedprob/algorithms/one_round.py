@@ -8,46 +8,65 @@ once on its own target
 with the prior share ``s`` the method asks for (``s = 1``: the client's own
 posterior; ``s = 1/K``: a sub-posterior, Scott et al. 2016), starting from a
 prior draw, and sends a *message* built from the :class:`ClientResult`
-(draws, a Gaussian, a point). The server keeps one slot per client
-(:class:`OneRoundState`): a message lands in its client's slot only when its
-client was not masked out (a masked client, e.g. one whose update diverged,
-never enters any aggregate). All combining happens in ``posterior()`` over the
-valid slots, so clients sampled in different rounds (``clients_per_round``)
-accumulate, and a client that takes part again overwrites its slot.
+(draws, a Gaussian, a point). A masked client (absent, or whose update
+diverged) never enters any aggregate. The server side comes in two kinds:
 
-A client learns its slot index from its client state (``init`` gives client
-``k`` the state ``k``), which keeps shapes fixed whatever subset of clients
-takes part and works unchanged when client and server run on different
-machines.
+* :class:`OneRoundAlgorithm` keeps **one slot per client**
+  (:class:`OneRoundState`) and combines in ``posterior()``: for methods that
+  need every client's draws (Ensemble, PredictiveBayes, the kernel EP-MCMC
+  variants) or points. A client that takes part again overwrites its slot.
+* :class:`SummingOneRoundAlgorithm` keeps **masked sums of sufficient
+  statistics** (:class:`SumState`: natural parameters for EP-MCMC,
+  precision-weighted sums for Consensus Monte Carlo) plus a (K,) flag of the
+  clients counted, their sizes and effective sample sizes: server memory
+  does not grow with K beyond those O(K) scalars, and the aggregate is a sum,
+  as secure aggregation and cross-machine engines need. Rule for repeated
+  participation (``clients_per_round < K`` over several rounds): a client is
+  counted **once**, with its first accepted message; later messages from a
+  counted client are ignored (a sum cannot forget a term).
 
-This module also holds helpers the one-round methods share: the draws or the
-Gaussian of a client result, the prior as a Gaussian in the flat
-unconstrained layout (:func:`prior_gaussian`), and a guarded Gaussian product
-(:func:`gaussian_product`).
+A client learns its id from its client state (``init`` gives client ``k``
+the state ``k``), which keeps shapes fixed whatever subset of clients takes
+part and works unchanged when client and server run on different machines.
+
+One set of client runs can feed several aggregates without recomputation:
+:func:`run_clients` runs a backend once on every client and
+:meth:`OneRoundAlgorithm.posterior_from_results` (or :func:`aggregate`)
+builds any one-round method's posterior from those results.
+
+Gaussian algebra (moment matching with shrinkage, the prior's Gaussian,
+guarded products) lives in :mod:`fedprob.gaussian`.
 """
 from __future__ import annotations
 
 import dataclasses
 import warnings
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import gaussian as gauss
+from ..gaussian import guarded_product as gaussian_product  # noqa: F401  (name kept for importers)
+from ..gaussian import prior_draws, prior_gaussian  # noqa: F401  (names kept for importers)
 from ..inference import NUTS
+from ..inference.sgmcmc import effective_sample_size
 from ..posteriors import Gaussian, Samples
-from ..protocols import ClientBackend
+from ..protocols import ClientBackend, ClientResult, finite_flag
 from ..potential import make_target
 from ..validation import check_choice, check_int
-from .base import Algorithm, Context
+from .base import Algorithm, Context, masked_sum
 
 Array = jax.Array
 
+#: A product whose mean's Monte Carlo sd exceeds this fraction of its posterior sd warns.
+MC_ERROR_WARN = 0.2
+
 
 class OneRoundState(NamedTuple):
-    """Server state of a one-round method.
+    """Server state of a slot-keeping one-round method.
 
     messages: the clients' messages stacked over a leading axis of length K
     (zeros in slots never filled); valid: (K,) True where a message was
@@ -59,6 +78,23 @@ class OneRoundState(NamedTuple):
     messages: Any
     valid: Array
     sizes: Array
+    key: Array
+
+
+class SumState(NamedTuple):
+    """Server state of a summing one-round method.
+
+    sums: masked sums over the counted clients of every message entry but
+    ``"ess"`` (shapes independent of K); valid: (K,) True for the clients
+    counted; sizes: (K,) their N_k; ess: (K,) the smallest per-coordinate
+    effective sample size of each counted client's draws (the largest float
+    for an exact Gaussian output); key: the server's key (draws in ``posterior``).
+    """
+
+    sums: Any
+    valid: Array
+    sizes: Array
+    ess: Array
     key: Array
 
 
@@ -130,19 +166,21 @@ class OneRoundAlgorithm(Algorithm):
         return self.make_message(ctx, result, k_msg), result.diagnostics
 
     def init(self, ctx: Context, key, data):
-        """Empty slots shaped like one client's message (traced, not run) and client ids 0..K-1.
+        """Empty server state shaped like one client's message (traced, not run) and client ids 0..K-1.
 
         ``key`` is kept in the server state for the server's own draws in ``posterior``.
         """
-        K = ctx.num_clients
         one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
         kspec = jax.ShapeDtypeStruct(jnp.shape(key), jnp.asarray(key).dtype)
         shapes, _ = jax.eval_shape(lambda d, k: self._client_message(ctx, d, k, k), one, kspec)
+        return self.empty_state(ctx, key, shapes), jnp.arange(ctx.num_clients, dtype=jnp.int32)
+
+    def empty_state(self, ctx: Context, key, shapes) -> OneRoundState:
+        """The server state before any message: K empty slots shaped like ``shapes`` (one message)."""
         self.check_message(ctx, shapes)
-        messages = jax.tree_util.tree_map(lambda s: jnp.zeros((K,) + s.shape, s.dtype), shapes)
-        server = OneRoundState(messages, jnp.zeros((K,), bool), jnp.zeros((K,), jnp.result_type(float)),
-                               key)
-        return server, jnp.arange(K, dtype=jnp.int32)
+        K = ctx.num_clients
+        messages = jax.tree_util.tree_map(lambda s: jnp.zeros((K,) + tuple(s.shape), s.dtype), shapes)
+        return OneRoundState(messages, jnp.zeros((K,), bool), jnp.zeros((K,), jnp.result_type(float)), key)
 
     def check_message(self, ctx: Context, shapes) -> None:
         """Validate message shapes at ``init`` (before anything is compiled)."""
@@ -180,8 +218,176 @@ class OneRoundAlgorithm(Algorithm):
         msgs = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[ids], server_state.messages)
         return msgs, jnp.asarray(np.asarray(server_state.sizes)[ids]), ids
 
+    # -- one set of client runs, several aggregates ----------------------------------------------
+    def posterior_from_results(self, ctx: Context, results, key=None, mask=None, sizes=None):
+        """This method's posterior from client results computed elsewhere (no client is re-run).
 
-# -- client results as draws or Gaussians -----------------------------------------------------------
+        results: a :class:`~fedprob.protocols.ClientResult` (or a bare
+        ``Samples``/``Gaussian``, whose mean then stands for the client's
+        final point) stacked over the K clients of ``ctx``, e.g.
+        ``run_clients(...).results``; it must come from the prior share this
+        method asks for (:meth:`prior_weight`; not checked here, see
+        :func:`aggregate`). key: the server key (default ``PRNGKey(0)``);
+        mask: (K,) clients to use (default all); sizes: (K,) N_k (default
+        ``ctx.client_sizes``). Messages are built with :meth:`make_message`,
+        then one ``server_update`` and ``posterior`` run as in ``fp.run``.
+        """
+        K = ctx.num_clients
+        lead = {np.shape(a)[0] for a in jax.tree_util.tree_leaves(results)}
+        if lead != {K}:
+            raise ValueError(f"results must be stacked over the {K} clients (leading axis), got leading "
+                             f"axes {sorted(lead)}")
+        if isinstance(results, (Samples, Gaussian)):          # a bare form: its mean as the point
+            results = ClientResult(results, results.mean(), {})
+        key = jax.random.PRNGKey(0) if key is None else key
+        keys = jax.random.split(jax.random.fold_in(key, 2), K)
+        payload = _messages(self, ctx, results, keys)
+        shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), payload)
+        state = self.empty_state(ctx, key, shapes)
+        mask = jnp.ones((K,), bool) if mask is None else jnp.asarray(mask, bool)
+        sizes = jnp.asarray(ctx.client_sizes if sizes is None else sizes)
+        state = self.server_update(ctx, state, (jnp.arange(K, dtype=jnp.int32), payload), sizes, mask)
+        return self.posterior(ctx, state, None)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _messages(algo, ctx, results, keys):
+    return jax.vmap(lambda r, k: algo.make_message(ctx, r, k))(results, keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class SummingOneRoundAlgorithm(OneRoundAlgorithm):
+    """Base of the one-round methods whose server sums sufficient statistics (module docstring).
+
+    :meth:`make_message` returns a dict of statistics; every entry except
+    ``"ess"`` (the client's smallest effective sample size, a scalar) is
+    summed over the counted clients, ``"ess"`` is kept per client (to name
+    the clients that limit the Monte Carlo accuracy). :meth:`sums_messages`
+    may return False (a method variant that needs the clients' draws); the
+    slot-keeping behaviour of :class:`OneRoundAlgorithm` is then used.
+    """
+
+    def sums_messages(self) -> bool:
+        """True: the server keeps :class:`SumState`; False: one slot per client."""
+        return True
+
+    def empty_state(self, ctx: Context, key, shapes):
+        if not self.sums_messages():
+            return super().empty_state(ctx, key, shapes)
+        self.check_message(ctx, shapes)
+        K = ctx.num_clients
+        fdt = jnp.result_type(float)
+        sums = {k: jnp.zeros(tuple(v.shape), v.dtype) for k, v in shapes.items() if k != "ess"}
+        return SumState(sums, jnp.zeros((K,), bool), jnp.zeros((K,), fdt), jnp.zeros((K,), fdt), key)
+
+    def server_update(self, ctx: Context, server_state, messages, weights, mask):
+        """Add the statistics of each unmasked client not yet counted; others change nothing.
+
+        A client is counted once (its first accepted message): the ids within
+        one call are distinct (the engine samples clients without replacement).
+        """
+        if not self.sums_messages():
+            return super().server_update(ctx, server_state, messages, weights, mask)
+        ids, payload = messages
+        ids = jnp.asarray(ids, jnp.int32)
+        new = jnp.asarray(mask, bool) & ~server_state.valid[ids]
+        stats = {k: v for k, v in payload.items() if k != "ess"}
+        sums = jax.tree_util.tree_map(lambda a, b: a + b, server_state.sums, masked_sum(stats, new))
+        valid = server_state.valid.at[ids].set(server_state.valid[ids] | new)
+        sizes = server_state.sizes.at[ids].set(
+            jnp.where(new, weights.astype(server_state.sizes.dtype), server_state.sizes[ids]))
+        ess = server_state.ess.at[ids].set(
+            jnp.where(new, payload["ess"].astype(server_state.ess.dtype), server_state.ess[ids]))
+        return SumState(sums, valid, sizes, ess, server_state.key)
+
+    @staticmethod
+    def counted(server_state: SumState):
+        """(sums, ids, ess) of the counted clients (concrete arrays)."""
+        ids = np.flatnonzero(np.asarray(server_state.valid))
+        if ids.size == 0:
+            raise ValueError("no client message was received (every client was masked out or none took "
+                             "part): there is no posterior to build")
+        return server_state.sums, ids, np.asarray(server_state.ess)[ids]
+
+
+# -- running the clients once -----------------------------------------------------------------------
+
+class ClientRuns(NamedTuple):
+    """One client phase: ``results`` (a ClientResult stacked over the K clients), the (K,) ``mask``
+    of clients whose results are finite, the ``prior_weight`` they used, the ``context`` and the
+    server ``key``."""
+
+    context: Context
+    results: Any
+    mask: Array
+    prior_weight: float
+    key: Array
+
+
+def run_clients(backend, model, fed, seed: int = 0, prior_weight: float = 1.0, shared_start: bool = True,
+                model_kwargs: Optional[dict] = None) -> ClientRuns:
+    """Run ``backend`` once on every client's target ``prior_weight * log p0 + log p(D_k | z)``.
+
+    Clients start from ``potential.init(key, backend.init_strategy)``, one
+    shared key for all (``shared_start``, as the one-round methods do) or
+    one per client. Returns :class:`ClientRuns`; feed it to :func:`aggregate`
+    (or ``algo.posterior_from_results``) for every one-round method that asks
+    for this prior share: ``prior_weight=1`` for EPMCMC (parametric, default),
+    Ensemble, PredictiveBayes, OneShotAverage; ``1/K`` for ConsensusMC and
+    ``EPMCMC(subposteriors=True)``. Clients whose results are not finite are
+    masked out (with a warning).
+    """
+    from ..run import get_potential
+
+    check_client(backend)
+    potential = get_potential(model, fed, model_kwargs)
+    ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
+    key = jax.random.PRNGKey(seed)
+    k_server, k_start, k_run = jax.random.split(key, 3)
+    results, mask = _run_all(backend, ctx, float(prior_weight), bool(shared_start), fed.client_data(),
+                             k_start, k_run)
+    bad = np.flatnonzero(~np.asarray(mask))
+    if bad.size:
+        warnings.warn(f"run_clients: the results of client(s) {bad.tolist()} are not finite; they are masked "
+                      "out of every aggregate", RuntimeWarning, stacklevel=2)
+    return ClientRuns(ctx, results, mask, float(prior_weight), k_server)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _run_all(backend, ctx, prior_weight, shared_start, data, k_start, k_run):
+    K = ctx.num_clients
+    strategy = getattr(backend, "init_strategy", "prior")
+
+    def one(d, k):
+        k_init, k = jax.random.split(k)
+        z0 = ctx.potential.init(k_start if shared_start else k_init, strategy)
+        res = backend.run(k, ctx.potential, make_target(d, ctx.dim, prior_weight=prior_weight), z0)
+        return res, finite_flag(res.posterior)
+
+    return jax.vmap(one)(data, jax.random.split(k_run, K))
+
+
+def aggregate(algorithms, runs: ClientRuns, key=None) -> list:
+    """The posteriors of several one-round ``algorithms`` from one :class:`ClientRuns` (no re-run).
+
+    Each algorithm must ask for the prior share the clients used
+    (``runs.prior_weight``); a mismatch raises ValueError. key: the server key
+    (default ``runs.key``).
+    """
+    ctx = runs.context
+    out = []
+    for algo in algorithms:
+        if not isinstance(algo, OneRoundAlgorithm):
+            raise TypeError(f"aggregate takes one-round algorithms, got {type(algo).__name__}")
+        s = algo.prior_weight(ctx)
+        if abs(s - runs.prior_weight) > 1e-9 * max(1.0, abs(s)):
+            raise ValueError(f"{type(algo).__name__} needs clients run with prior share {s:g}, these used "
+                             f"{runs.prior_weight:g} (run_clients(..., prior_weight={s:g}))")
+        out.append(algo.posterior_from_results(ctx, runs.results, runs.key if key is None else key, runs.mask))
+    return out
+
+
+# -- client results as draws, Gaussians and Monte Carlo statistics --------------------------------------
 
 def result_draws(result, key, num_samples: int) -> Array:
     """(S, d) draws of a client result: its Samples, or ``num_samples`` draws of its Gaussian."""
@@ -193,159 +399,89 @@ def result_draws(result, key, num_samples: int) -> Array:
     raise ValueError(f"client backend returned {type(post).__name__}; expected Samples or Gaussian")
 
 
-def result_gaussian(result, diag: bool, jitter: float = 1e-6) -> Gaussian:
-    """The client's Gaussian: moment-matched to Samples, or its Gaussian in the asked form.
+def result_gaussian(result, diag: bool, jitter: float = 1e-6, name: str = "moment_match") -> Gaussian:
+    """The client's Gaussian: moment-matched to Samples (with shrinkage), or its Gaussian in the asked form.
 
     A full Gaussian asked for diagonally keeps its marginal variances; a
-    diagonal one asked for fully becomes a diagonal matrix.
+    diagonal one asked for fully becomes a diagonal matrix. See
+    :func:`fedprob.gaussian.moment_match`.
     """
     post = result.posterior if hasattr(result, "posterior") else result
     if isinstance(post, Samples):
-        if post.num_draws < 2:
-            raise ValueError("a Gaussian fit needs at least 2 draws per client")
-        return _moment_match(post.draws, diag, jitter)
+        return gauss.moment_match(post.draws, diag, jitter, name=name)
     if isinstance(post, Gaussian):
         return post.to_diag() if diag else post.to_full()
     raise ValueError(f"client backend returned {type(post).__name__}; expected Samples or Gaussian")
 
 
-def _moment_match(draws, diag: bool, jitter: float) -> Gaussian:
-    """Gaussian fit of (S, d) draws with a jitter relative to the mean variance."""
-    mean = jnp.mean(draws, 0)
-    c = draws - mean
-    s = max(draws.shape[0] - 1, 1)
-    var = jnp.sum(c * c, 0) / s
-    eps = jitter * (jnp.mean(var) + 1e-30)
-    if diag:
-        return Gaussian.from_moments(mean, var + eps)
-    cov = c.T @ c / s
-    return Gaussian.from_moments(mean, cov + eps * jnp.eye(draws.shape[1], dtype=draws.dtype))
+def draws_ess(draws) -> Array:
+    """(d,) single-chain effective sample size of each coordinate of (S, d) draws (0 where not finite)."""
+    ess = effective_sample_size(draws)
+    return jnp.where(jnp.isfinite(ess), ess, 0.0)
 
 
-# -- the prior as a Gaussian --------------------------------------------------------------------------
+def mc_message(weight, cov, ess) -> dict:
+    """The Monte Carlo entries of a summing message: ``{"mc": W Sigma_mc W, "ess": min ESS}``.
 
-@partial(jax.jit, static_argnums=(0, 2))
-def _prior_check(potential, key, check_points: int):
-    """log-prior gradients at 0, at 1 and at prior draws: (b, p, exact mask)."""
-    d = potential.dim
-    pts = jax.vmap(potential.sample_prior)(jax.random.split(key, check_points))
-    z = jnp.concatenate([jnp.zeros((1, d), pts.dtype), jnp.ones((1, d), pts.dtype), pts])
-    g = jax.vmap(jax.grad(potential.log_prior))(z)
-    b, p, g = g[0], g[0] - g[1], g[2:]
-    resid = jnp.abs(g - (b - p * pts))
-    tol = 1e-4 * (1.0 + jnp.abs(b) + jnp.abs(p * pts) + jnp.abs(g))
-    exact = jnp.all(resid <= tol, 0) & (p > 0) & jnp.all(jnp.isfinite(g), 0)
-    return b, p, exact
-
-
-@partial(jax.jit, static_argnums=(0, 2))
-def prior_draws(potential, key, num_samples: int):
-    """(num_samples, d) prior draws in the flat unconstrained layout (compiled once per model)."""
-    return jax.vmap(potential.sample_prior)(jax.random.split(key, num_samples))
-
-
-@partial(jax.jit, static_argnums=(0, 2))
-def _prior_moments(potential, key, num_samples: int):
-    draws = prior_draws(potential, key, num_samples)
-    mean = jnp.mean(draws, 0)
-    c = draws - mean
-    return mean, c.T @ c / (num_samples - 1)
-
-
-def prior_gaussian(potential, key, diag: bool, num_samples: int = 2000, check_points: int = 8):
-    """The prior p0 as a Gaussian in the flat unconstrained layout: ``(Gaussian, exact)``.
-
-    Coordinates on which the log prior is an independent quadratic (checked:
-    the gradient at ``check_points`` prior draws, at 0 and at 1 is exactly
-    ``b - p * z`` coordinate-wise, as for any ``Normal`` prior site, or a
-    ``LogNormal`` one after its log transform) get their exact natural
-    parameters ``(b, p)``. The other coordinates (e.g. a HalfNormal noise
-    scale, hierarchical or heavy-tailed priors) are moment-matched to
-    ``num_samples`` prior draws (``potential.sample_prior``); they are
-    assumed independent of the exact ones, which holds because an exact
-    coordinate's gradient involves no other coordinate. ``exact`` is True when
-    every coordinate was exact.
+    See :func:`fedprob.gaussian.mean_error_term`; ``ess`` (d,) per coordinate.
     """
-    k_check, k_draw = jax.random.split(key)
-    b, p, exact = _prior_check(potential, k_check, check_points)
-    exact = np.asarray(exact)
-    if exact.all():
-        g0 = Gaussian(b, p)
-        return (g0 if diag else g0.to_full()), True
-    mean_mm, cov_mm = _prior_moments(potential, k_draw, num_samples)
-    ex = jnp.asarray(exact)
-    p_safe = jnp.where(ex, p, 1.0)
-    mean = jnp.where(ex, b / p_safe, mean_mm)
-    if diag:
-        var = jnp.where(ex, 1.0 / p_safe, jnp.diag(cov_mm))
-        return Gaussian.from_moments(mean, var), False
-    block = (~ex)[:, None] & (~ex)[None, :]
-    cov = jnp.where(block, cov_mm, 0.0) + jnp.diag(jnp.where(ex, 1.0 / p_safe, 0.0))
-    return Gaussian.from_moments(mean, cov), False
+    return {"mc": gauss.mean_error_term(weight, cov, ess), "ess": jnp.min(ess)}
 
 
-# -- guarded Gaussian products ----------------------------------------------------------------------
+def _huge(dtype):
+    return jnp.asarray(jnp.finfo(dtype).max, dtype)
 
-def gaussian_product(clients: Gaussian, prior: Gaussian, prior_power: float, name: str = "product",
-                     warn: bool = True):
-    """``prod_k N_k * p0^prior_power`` in natural parameters, guarded: ``(Gaussian, info)``.
 
-    ``clients`` is stacked over a leading client axis (diagonal or full, as
-    ``prior``). Natural parameters add: ``sum_k eta_k + prior_power * eta_0``
-    (``prior_power = -(K-1)`` divides out the K-1 surplus copies of the prior
-    when every client used the full prior).
+def client_gaussian_message(result, diag: bool, jitter: float, name: str) -> dict:
+    """A summing message of a client's Gaussian: natural parameters and Monte Carlo terms.
 
-    Guard: when the precision is not positive definite (or not finite) the
-    product falls back to clipping. In the prior-whitened eigenbasis of the
-    precision every eigenvalue below 1 (less concentrated than the prior) is
-    raised to 1; diagonal: every precision below the prior's is raised to the
-    prior's. The linear term is kept, so in a clipped direction with no
-    information the mean stays near the prior mean. A Python warning is
-    issued and ``info["fallback"]`` records it.
+    ``{"linear": P mu, "precision": P, "mc": P Sigma_mc P, "ess": min ESS}``.
+    Samples: moment-matched with shrinkage, per-coordinate ESS from the
+    draws. A Gaussian output has no Monte Carlo error: ``mc = 0`` and ``ess``
+    the largest float (finite, so the engine's finiteness check passes).
     """
-    lin, prec, ok, stats = _product_core(clients, prior, jnp.asarray(prior_power, prior.linear.dtype))
-    stats = {k: np.asarray(v).item() for k, v in stats.items()}
-    info = {"fallback": None, "min_relative_precision": stats["min_relative_precision"]}
-    if not bool(ok):
-        info.update(fallback="clip_to_prior", num_clipped=int(stats["num_clipped"]),
-                    num_nonpositive=int(stats["num_nonpositive"]))
-    if info["fallback"] is not None and warn:
+    post = result.posterior if hasattr(result, "posterior") else result
+    if isinstance(post, Samples):
+        g = gauss.moment_match(post.draws, diag, jitter, name=name)
+        cov = g.variance() if diag else g.covariance()
+        return {"linear": g.linear, "precision": g.precision, **mc_message(g.precision, cov, draws_ess(post.draws))}
+    g = result_gaussian(post, diag, jitter)
+    return {"linear": g.linear, "precision": g.precision, "mc": jnp.zeros_like(g.precision),
+            "ess": _huge(g.linear.dtype)}
+
+
+def monte_carlo_check(name: str, precision, mc_sum, ids, ess, threshold: float = MC_ERROR_WARN) -> dict:
+    """Monte Carlo error of a product's mean as a fraction of its posterior sd; warns above ``threshold``.
+
+    Returns info entries: ``mc_error_sd_ratio`` (the largest over
+    coordinates of ``sd_mc(mean_i) / sd(posterior_i)``,
+    :func:`fedprob.gaussian.relative_mean_error`), ``mc_error_coordinate``
+    (where), ``client_ess`` (client id -> smallest ESS). The product is about
+    sqrt(K) narrower than each client, while every client's mean carries its
+    own sampling error ``sd_k / sqrt(ESS_k)``: few effective draws per client
+    leave the product's mean off by a visible fraction of its sd.
+    """
+    ratio = np.asarray(_relative_error(precision, mc_sum), np.float64)
+    ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+    i = int(np.argmax(ratio))
+    r = float(ratio[i])
+    ess = np.where(ess >= np.finfo(np.asarray(ess).dtype).max, np.inf, ess)
+    info = {"mc_error_sd_ratio": r, "mc_error_coordinate": i,
+            "client_ess": {int(k): float(e) for k, e in zip(ids, ess)}}
+    if r > threshold:
+        order = np.argsort(ess)[:3]
+        worst = ", ".join(f"client {int(ids[j])} (ESS {float(ess[j]):.3g})" for j in order)
+        factor = (r / threshold) ** 2
         warnings.warn(
-            f"{name}: the product of the client Gaussians (with the prior correction) is not positive "
-            f"definite ({info['num_nonpositive']} non-positive direction(s)); falling back to clipping its "
-            f"precision at the prior's in {info['num_clipped']} direction(s). The client posteriors are "
-            "probably too noisy (more draws, or covariance='diag', or a Gaussian client backend help).",
-            RuntimeWarning, stacklevel=3)
-    return Gaussian(lin, prec), info
+            f"{name}: the Monte Carlo error of the combined mean is {r:.2f} of the posterior sd (coordinate "
+            f"{i}); the product is about sqrt(K) narrower than each client while each client's mean carries "
+            f"its own sampling error. Lowest effective sample sizes: {worst}. Draw about {factor:.1f}x as many "
+            "effective samples on every client (more draws, longer chains, a better-mixing sampler) to bring "
+            f"it below {threshold}; see posterior.info['mc_error_sd_ratio'].", RuntimeWarning, stacklevel=3)
+    return info
 
 
-@jax.jit
-def _product_core(clients: Gaussian, prior: Gaussian, power):
-    """Summed natural parameters and their clipped fallback (selected when not PD or not finite)."""
-    lin = jnp.sum(clients.linear, 0) + power * prior.linear
-    prec = jnp.sum(clients.precision, 0) + power * prior.precision
-    finite = jnp.all(jnp.isfinite(lin)) & jnp.all(jnp.isfinite(prec))
-    lin_safe = jnp.where(jnp.isfinite(lin), lin, prior.linear)
-    if prior.is_diag:
-        rel = jnp.where(jnp.isfinite(prec), prec, 0.0) / prior.precision
-        ok = finite & jnp.all(rel > 0)
-        keep = rel >= 1.0
-        clipped = jnp.where(keep, prec, prior.precision)
-        stats = {"min_relative_precision": jnp.min(rel), "num_clipped": jnp.sum(~keep),
-                 "num_nonpositive": jnp.sum(~(rel > 0))}
-    else:
-        L0 = jnp.linalg.cholesky(prior.precision)
-        Linv = jax.scipy.linalg.solve_triangular(L0, jnp.eye(prior.dim, dtype=L0.dtype), lower=True)
-        A = Linv @ jnp.where(jnp.isfinite(prec), prec, 0.0) @ Linv.T
-        a, V = jnp.linalg.eigh(0.5 * (A + A.T))
-        ok = finite & (jnp.min(a) > 0)
-        clipped = L0 @ (V * jnp.maximum(a, 1.0)) @ V.T @ L0.T
-        clipped = 0.5 * (clipped + clipped.T)
-        stats = {"min_relative_precision": jnp.min(a), "num_clipped": jnp.sum(a < 1.0),
-                 "num_nonpositive": jnp.sum(~(a > 0))}
-    prec = jnp.where(ok, prec, clipped)
-    lin = jnp.where(ok, lin, lin_safe)
-    return lin, prec, ok, stats
+_relative_error = jax.jit(gauss.relative_mean_error)
 
 
 def client_weights(sizes, weighting: str) -> Array:
@@ -358,5 +494,8 @@ def client_weights(sizes, weighting: str) -> Array:
     raise ValueError(f"weighting must be 'size' or 'uniform', got {weighting!r}")
 
 
-__all__ = ["OneRoundAlgorithm", "OneRoundState", "result_draws", "result_gaussian", "prior_gaussian",
-           "prior_draws", "gaussian_product", "client_weights", "check_client"]
+__all__ = ["OneRoundAlgorithm", "OneRoundState", "SummingOneRoundAlgorithm", "SumState", "ClientRuns",
+           "run_clients", "aggregate", "result_draws", "result_gaussian", "draws_ess", "mc_message",
+           "client_gaussian_message",
+           "monte_carlo_check", "client_weights", "check_client", "prior_gaussian", "prior_draws",
+           "gaussian_product"]
