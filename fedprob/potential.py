@@ -413,23 +413,89 @@ class Potential:
                            for s in self.sites})
 
     def init(self, key: Array, strategy: str = "prior") -> Array:
-        """A starting point for optimisers and samplers.
+        """A starting point for optimisers and samplers (flat unconstrained vector).
 
+        ``"center"``: every site at the centre of its prior: the unconstrained
+        image of the prior median (``icdf(0.5)`` entrywise; the mean for
+        multivariate sites or where no icdf exists; unconstrained 0 where
+        neither is finite), so a Normal site starts at its loc and a
+        HalfNormal(s) scale at 0.674 s. Sites are visited in model order with
+        the centres of earlier sites substituted (hierarchical priors).
+        Deterministic: the default of the point-estimate methods.
         ``"prior"``: real-valued sites (weights, biases) drawn from the prior;
         sites with a constrained support (scales, simplexes, ...) at the centre
         of their unconstrained space (a scale of 1), because a prior draw of a
         scale can be tiny and make every gradient step diverge.
         ``"prior_full"``: every site drawn from the prior (:meth:`sample_prior`).
         ``"zeros"``: z = 0.
+
+        Initialisation scale: a site declaring ``infer={"init_scale": s}``
+        (e.g. the weights of :func:`fedprob.models.bnn_mlp`, whose all-zero
+        centre leaves every hidden unit identical) starts at its centre plus
+        ``s * N(0, 1)`` noise in unconstrained space under ``"center"`` and
+        ``"prior"``, whatever its prior scale.
         """
+        import numpyro.distributions as dist
+
+        strategies = ("center", "prior", "prior_full", "zeros")
+        if strategy not in strategies:
+            raise ValueError(f"unknown init strategy '{strategy}' (use one of {strategies})")
         if strategy == "zeros":
             return jnp.zeros((self.dim,))
-        if strategy not in ("prior", "prior_full"):
-            raise ValueError(f"unknown init strategy '{strategy}' (use 'prior', 'prior_full' or 'zeros')")
-        z = self.sample_prior(key)
+        if strategy == "prior_full":
+            return self.sample_prior(key)
+
+        def center(fn):
+            # unwrap to_event / expand / mask wrappers down to the distribution defining the values
+            base = fn
+            while isinstance(base, (dist.Independent, dist.ExpandedDistribution, dist.MaskedDistribution)):
+                base = base.base_dist
+            c = None
+            if base.event_shape == ():
+                try:
+                    c = base.icdf(jnp.full(base.batch_shape, 0.5))
+                except (NotImplementedError, ImportError, AttributeError, TypeError):
+                    c = None
+            if c is None:
+                try:
+                    c = base.mean
+                except (NotImplementedError, AttributeError):
+                    c = None
+            if c is not None and hasattr(base, "loc") and _is_real(base.support):
+                c = jnp.where(jnp.isfinite(c), c, base.loc)        # e.g. StudentT(df <= 1): its loc
+            t = biject_to(fn.support)
+            if c is None:
+                return t(jnp.zeros(t.inverse_shape(fn.shape())))
+            u = t.inv(jnp.broadcast_to(c, fn.shape()))
+            return t(jnp.where(jnp.isfinite(u), u, 0.0))
+
+        latent = set(self.site_names)
+        k_noise = jax.random.fold_in(key, 1)
+        noise_keys = dict(zip(self.site_names, jax.random.split(k_noise, len(self.site_names))))
         if strategy == "prior":
-            z = jnp.where(self._real_mask, z, 0.0)
-        return z
+            prior_u = self.unravel(jnp.where(self._real_mask, self.sample_prior(key), 0.0))
+        out = {}
+
+        def substitute_fn(site):
+            if site["type"] != "sample" or site["name"] not in latent or site["is_observed"]:
+                return None
+            fn, name = site["fn"], site["name"]
+            t = biject_to(fn.support)
+            scale = (site.get("infer") or {}).get("init_scale")
+            if strategy == "center" or scale is not None:
+                u = t.inv(center(fn))
+                if scale is not None:
+                    u = u + jnp.asarray(scale) * jax.random.normal(noise_keys[name], jnp.shape(u))
+            else:
+                u = prior_u[name]                               # a prior draw (real sites) or 0
+            out[name] = u
+            return t(u)
+
+        X = jnp.zeros((1,) + self.x_shape)
+        with handlers.block():
+            handlers.trace(handlers.substitute(handlers.seed(self.model, 0),
+                                               substitute_fn=substitute_fn)).get_trace(X, None, **self.model_kwargs)
+        return self.ravel(out)
 
     # -- prediction -----------------------------------------------------------------------
     def predictive_distribution(self, z: Array, X):

@@ -11,7 +11,7 @@ import numpyro
 import numpyro.distributions as dist
 
 from .linear import check_num_classes, check_scale
-from .mlp import check_sizes, dense_layer, output_likelihood, weight_prior
+from .mlp import check_sizes, dense_layer, init_std, output_likelihood, weight_prior
 
 
 def to_images(X, image_shape: Optional[tuple]):
@@ -64,7 +64,8 @@ def pool2x2(h, pool: str):
 
 
 def cnn(num_classes: int, channels: Sequence[int] = (8, 16), kernel_size: int = 3, hidden: int = 64,
-        prior_scale: Optional[float] = None, image_shape: Optional[tuple] = None, pool: str = "max"):
+        prior_scale: Optional[float] = 1.0, image_shape: Optional[tuple] = None, pool: str = "max",
+        init_scale: Optional[float] = None):
     """Bayesian CNN classifier ``model(X, y=None)``.
 
     Architecture: for each entry c_l of ``channels`` a ``kernel_size`` x
@@ -77,9 +78,12 @@ def cnn(num_classes: int, channels: Sequence[int] = (8, 16), kernel_size: int = 
     ``"conv1_W"``, ``"conv1_b"``, ..., then ``"W0", "b0"`` (hidden layer) and
     ``"W1", "b1"`` (output layer) as in :func:`bnn_mlp`.
 
-    Prior: with ``prior_scale=None`` (default) fan-in scaled, weights
+    Prior: ``N(0, prior_scale^2)`` on every weight and bias (default 1, a
+    weak prior); ``prior_scale=None`` gives the fan-in prior, weights
     ``N(0, 1/fan_in)`` (fan_in = k*k*C_in for a convolution) and biases
-    ``N(0, 1)``; a float gives ``N(0, prior_scale^2)`` on everything.
+    ``N(0, 1)``. Initialisation is separate from the prior (as in
+    :func:`bnn_mlp`): every weight starts at 0 plus ``init_scale`` (default
+    ``1/sqrt(fan_in)``) Gaussian noise, every bias at 0.
 
     Likelihood, inside ``numpyro.plate("data", n)``:
     ``y_i ~ Categorical(logits = net(x_i))``.
@@ -95,13 +99,15 @@ def cnn(num_classes: int, channels: Sequence[int] = (8, 16), kernel_size: int = 
     if pool not in ("max", "avg"):
         raise ValueError(f"pool must be 'max' or 'avg', got {pool!r}")
     check_scale("prior_scale", prior_scale, allow_none=True)
+    check_scale("init_scale", init_scale, allow_none=True)
 
     def model(X, y=None):
         h = to_images(X, image_shape)
         for l, c_out in enumerate(chans):
             c_in = h.shape[-1]
             sw, sb = weight_prior(k * k * c_in, prior_scale)
-            W = numpyro.sample(f"conv{l}_W", dist.Normal(0.0, sw).expand([k, k, c_in, c_out]).to_event(4))
+            W = numpyro.sample(f"conv{l}_W", dist.Normal(0.0, sw).expand([k, k, c_in, c_out]).to_event(4),
+                               infer={"init_scale": init_std(k * k * c_in, init_scale)})
             b = numpyro.sample(f"conv{l}_b", dist.Normal(0.0, sb).expand([c_out]).to_event(1))
             h = jax.lax.conv_general_dilated(h.astype(W.dtype), W, window_strides=(1, 1), padding="SAME",
                                              dimension_numbers=("NHWC", "HWIO", "NHWC"))
@@ -109,9 +115,9 @@ def cnn(num_classes: int, channels: Sequence[int] = (8, 16), kernel_size: int = 
         h = h.reshape(h.shape[0], -1)
         layer = 0
         if hidden:
-            h = jax.nn.relu(dense_layer("W0", "b0", h, hidden, prior_scale))
+            h = jax.nn.relu(dense_layer("W0", "b0", h, hidden, prior_scale, init_scale))
             layer = 1
-        out = dense_layer(f"W{layer}", f"b{layer}", h, C, prior_scale)
+        out = dense_layer(f"W{layer}", f"b{layer}", h, C, prior_scale, init_scale)
         output_likelihood(out, y, C, None, 1.0, "cnn")
 
     model.__name__ = "cnn"

@@ -36,13 +36,16 @@ CASES = {
     "logistic": (fp.models.logistic_regression(prior_scale=0.5), "X", "y_bin", ("w", "b"), {"w": 0.5}),
     "softmax": (fp.models.softmax_regression(C), "X", "y_cls", ("W", "b"), {"W": 1.0, "b": 1.0}),
     # fan-in priors: W ~ N(0, 1/fan_in), b ~ N(0, 1)
-    "mlp_classification": (fp.models.bnn_mlp((16,), num_classes=C), "X", "y_cls", ("W0", "b0", "W1", "b1"),
-                           {"W0": 1 / 8, "b0": 1.0, "W1": 1 / 4, "b1": 1.0}),
+    "mlp_classification": (fp.models.bnn_mlp((16,), num_classes=C, prior_scale=None), "X", "y_cls",
+                           ("W0", "b0", "W1", "b1"), {"W0": 1 / 8, "b0": 1.0, "W1": 1 / 4, "b1": 1.0}),
+    # the default prior: N(0, 1) on every weight and bias
+    "mlp_default": (fp.models.bnn_mlp((16,), num_classes=C), "X", "y_cls", ("W0", "b0", "W1", "b1"),
+                    {"W0": 1.0, "b0": 1.0, "W1": 1.0, "b1": 1.0}),
     "mlp_regression": (fp.models.bnn_mlp((16, 8), activation="tanh", prior_scale=0.7), "X", "y_reg",
                        ("W0", "b0", "W1", "b1", "W2", "b2", "sigma"),
                        {"W0": 0.7, "b0": 0.7, "W1": 0.7, "W2": 0.7}),
     # 8x8 -> conv(4) -> pool 4x4 -> conv(8) -> pool 2x2 -> 32 features -> 16 -> 10
-    "cnn": (fp.models.cnn(C, channels=(4, 8), hidden=16), "img", "y_cls",
+    "cnn": (fp.models.cnn(C, channels=(4, 8), hidden=16, prior_scale=None), "img", "y_cls",
             ("conv0_W", "conv0_b", "conv1_W", "conv1_b", "W0", "b0", "W1", "b1"),
             {"conv0_W": 1 / 3, "conv0_b": 1.0, "conv1_W": 1 / 6, "W0": 1 / np.sqrt(32), "W1": 1 / 4}),
 }
@@ -97,8 +100,9 @@ def reference_log_joint(name, p, X, y):
     if name == "softmax":
         logits = X @ p["W"] + p["b"]
         return normal("W", 1.0) + normal("b", 1.0) + log_softmax(logits, -1)[np.arange(len(y)), y].sum()
-    if name == "mlp_classification":
-        logits = dense(np.maximum(dense(X, 0), 0), 1)
+    if name in ("mlp_classification", "mlp_default"):
+        iso = 1.0 if name == "mlp_default" else None
+        logits = dense(np.maximum(dense(X, 0, iso), 0), 1, iso)
         return lp + log_softmax(logits, -1)[np.arange(len(y)), y].sum()
     if name == "mlp_regression":
         h = np.tanh(dense(np.tanh(dense(X, 0, 0.7)), 1, 0.7))
@@ -302,3 +306,37 @@ def test_pooling_2x2_drops_odd_edges(pool):
     blocks = h[:, :4].reshape(2, 2, 2, 2, 2, 3)
     ref = blocks.max((2, 4)) if pool == "max" else blocks.mean((2, 4))
     np.testing.assert_allclose(pool2x2(jnp.asarray(h), pool), ref)
+
+
+# ----------------------------------------------------------------------------- initialisation
+@pytest.mark.parametrize("prior_scale", [None, 1.0, 5.0])
+def test_network_start_is_separate_from_the_prior(prior_scale):
+    """Weights start at LeCun scale 1/sqrt(fan_in) and biases at 0 whatever the prior, under both
+    "center" (point estimates) and "prior" (samplers); distinct keys break the hidden-unit symmetry."""
+    X = np.zeros((2, 64), np.float32)
+    pot = Potential(fp.models.bnn_mlp((200,), num_classes=10, prior_scale=prior_scale), X, np.zeros(2, np.int32))
+    for strategy in ("center", "prior"):
+        p = pot.constrain(pot.init(jax.random.PRNGKey(0), strategy))
+        assert abs(float(p["W0"].std()) * 8.0 - 1) < 0.05                   # 1/sqrt(64)
+        assert abs(float(p["W1"].std()) * np.sqrt(200) - 1) < 0.1
+        if strategy == "center":
+            assert float(jnp.abs(p["b0"]).max()) == 0.0 and float(jnp.abs(p["b1"]).max()) == 0.0
+        # hidden units differ (an all-zero start would leave them identical forever)
+        assert float(jnp.min(jnp.std(p["W0"], axis=0))) > 0.05
+    z0, z1 = pot.init(jax.random.PRNGKey(0), "center"), pot.init(jax.random.PRNGKey(1), "center")
+    assert float(jnp.max(jnp.abs(z0 - z1))) > 0.1
+    # an explicit init_scale, and the prior itself unchanged by it
+    pot2 = Potential(fp.models.bnn_mlp((200,), num_classes=10, prior_scale=prior_scale, init_scale=0.3), X,
+                     np.zeros(2, np.int32))
+    assert abs(float(pot2.constrain(pot2.init(jax.random.PRNGKey(0), "center"))["W0"].std()) / 0.3 - 1) < 0.05
+    draws = pot.constrain(pot.sample_prior(jax.random.PRNGKey(2)))["W0"]
+    assert abs(float(draws.std()) / (1 / 8 if prior_scale is None else prior_scale) - 1) < 0.05
+
+
+def test_cnn_start_is_separate_from_the_prior():
+    img = np.zeros((2, 8, 8), np.float32)
+    pot = Potential(fp.models.cnn(10, channels=(4, 8), hidden=16), img, np.zeros(2, np.int32))
+    p = pot.constrain(pot.init(jax.random.PRNGKey(0), "center"))
+    assert abs(float(p["conv1_W"].std()) * np.sqrt(9 * 4) - 1) < 0.15      # 1/sqrt(k*k*C_in)
+    assert float(jnp.abs(p["conv0_b"]).max()) == 0.0
+    assert abs(float(pot.constrain(pot.sample_prior(jax.random.PRNGKey(1)))["conv1_W"].std()) - 1) < 0.15

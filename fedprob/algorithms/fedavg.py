@@ -18,9 +18,10 @@ from typing import Any, Optional
 
 import optax
 
+from ..inference.optim import make_optimizer
 from ..posteriors import GlobalPosterior, Samples
 from .base import Algorithm, Context, weighted_mean
-from .local_training import client_steps, num_local_steps, resolve_optimizer, train_locally
+from .local_training import client_steps, num_local_steps, train_locally
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +31,13 @@ class FedAvg(Algorithm):
     local_steps / local_epochs: local work per round (steps win if both given);
     batch_size: minibatch rows (None = full batch); client_optimizer /
     server_optimizer: a name ("sgd", "adam", "adagrad", "yogi") or an optax
-    transformation; learning_rate / server_learning_rate / server_momentum
-    configure named optimisers. init: "prior" (a prior draw) or "zeros".
+    transformation (resolved by :func:`fedprob.inference.optim.make_optimizer`);
+    learning_rate / server_learning_rate / server_momentum configure named
+    optimisers. init_strategy: the server's starting point (a
+    :meth:`~fedprob.potential.Potential.init` strategy). The default
+    ``"center"`` starts at the centre of the prior (a Normal prior's loc;
+    neural network weights get their model's initialisation noise): a prior
+    draw would leave its noise in every weight the data never move.
     """
 
     local_steps: Optional[int] = None
@@ -42,7 +48,7 @@ class FedAvg(Algorithm):
     server_optimizer: Any = "sgd"
     server_learning_rate: float = 1.0
     server_momentum: Optional[float] = None
-    init_strategy: str = "prior"
+    init_strategy: str = "center"
 
     default_rounds = 10
 
@@ -51,11 +57,11 @@ class FedAvg(Algorithm):
         return 0.0
 
     def _client_opt(self):
-        return resolve_optimizer(self.client_optimizer, self.learning_rate)
+        return make_optimizer(self.client_optimizer or "sgd", self.learning_rate, self.batch_size)
 
     def _server_opt(self):
-        return resolve_optimizer(self.server_optimizer, self.server_learning_rate, self.server_momentum,
-                                 eps=1e-3)
+        return make_optimizer(self.server_optimizer or "sgd", self.server_learning_rate, momentum=self.server_momentum,
+                              eps=1e-3)
 
     def init(self, ctx: Context, key, data):
         w = ctx.potential.init(key, self.init_strategy)

@@ -11,33 +11,12 @@ count and freezes once its own count is reached, so shapes stay fixed.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from ..potential import make_target, mean_loss
-
-
-def resolve_optimizer(opt, learning_rate: float, momentum: Optional[float] = None,
-                      eps: float = 1e-8):
-    """An optax transformation from a name ("sgd", "adam", "adagrad", "yogi"), or ``opt`` itself.
-
-    ``eps`` is the adaptivity floor of adam/adagrad/yogi (Reddi et al. use 1e-3 at the server).
-    """
-    if isinstance(opt, optax.GradientTransformation):
-        return opt
-    name = (opt or "sgd").lower()
-    if name == "sgd":
-        return optax.sgd(learning_rate, momentum=momentum or None)
-    if name == "adam":
-        return optax.adam(learning_rate, eps=eps)
-    if name == "adagrad":
-        return optax.adagrad(learning_rate, eps=eps)
-    if name == "yogi":
-        return optax.yogi(learning_rate, eps=eps)
-    raise ValueError(f"unknown optimizer '{opt}' (use sgd, adam, adagrad, yogi or an optax transformation)")
 
 
 def num_local_steps(local_steps, local_epochs, batch_size, n_max: int) -> int:
@@ -66,6 +45,8 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
                   prior_weight, prox_center=None, mu: float = 0.0):
     """Run ``total_steps`` optimiser steps (frozen after ``steps``) from w0.
 
+    ``optimizer``: an optax transformation with extra-argument support (see
+    :func:`fedprob.inference.optim.make_optimizer`).
     Returns (w_final, mean loss of the last step taken).
     """
     target = make_target(data, potential.dim, prior_weight=prior_weight)
@@ -80,8 +61,10 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
 
     def step(carry, t):
         w, opt_state, last = carry
-        loss, g = grad_fn(w, jax.random.fold_in(key, t))
-        upd, new_state = optimizer.update(g, opt_state, w)
+        k = jax.random.fold_in(key, t)
+        loss, g = grad_fn(w, k)
+        upd, new_state = optimizer.update(g, opt_state, w, value=loss, grad=g,
+                                          value_fn=lambda x: loss_fn(x, k))
         active = t < steps
         w = jnp.where(active, optax.apply_updates(w, upd), w)
         opt_state = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new_state, opt_state)

@@ -37,6 +37,20 @@ received (masked clients are left out)::
   shrinks like noise/K' even when f is known exactly (overconfident
   predictions, worse log densities), which is why it is not the default.
 
+* ``pooling="tempered"`` (the default): in classification, log-linear
+  pooling (below) with ``beta = 1/K'``; in regression, the product as above.
+  Why: the class product counts the evidence the clients share K' times
+  (with IID clients every client's predictive approximates the global one,
+  and the product approximates its K'-th power), so at its defaults the
+  plain product is over-confident (digits, 10 clients, Dirichlet 0.5:
+  held-out NLL 2.24 against 0.60 tempered, accuracy 0.756 against 0.792);
+  the exponent 1/K' undoes that count and the mixture keeps mass on the
+  classes any client supports. The regression product of the latent
+  predictives is exact for a Gaussian linear model, so it is kept. Fitting
+  beta on held-out rows is better still but needs every client's draws at
+  every client's held-out rows, a second exchange a one-round method does
+  not have; ``posterior.fit_beta(X_val, y_val)`` does it where held-out rows
+  are at hand. ``pooling="product"`` is the paper's rule, unchanged.
 * ``pooling="beta"``: log-linear pooling of the product with the mixture
   ``p_mix = sum_k pi_k p(y | x, D_k)`` (pi from ``weighting``),
   ``softmax(beta log p_prod + (1 - beta) log p_mix)``, with ``beta`` in
@@ -191,12 +205,12 @@ class PredictiveBayesPosterior(EnsemblePosterior):
     """Global predictive of PredictiveBayes (see the module docstring).
 
     ``predict(X)``: class probabilities (n, C) or (mean, variance) of the
-    pooled predictive. ``sample``/``mean``: the union of client draws (an
-    ensemble). ``fit_beta(X_val, y_val)`` fits the pooling weight and switches
+    pooled predictive (``pooling``: "tempered", "product" or "beta").
+    ``sample``/``mean``: the union of client draws (an ensemble). ``fit_beta(X_val, y_val)`` fits the pooling weight and switches
     to ``pooling="beta"``.
     """
 
-    def __init__(self, potential, client_draws, mixture_weights, prior_draws=None, *, pooling="product",
+    def __init__(self, potential, client_draws, mixture_weights, prior_draws=None, *, pooling="tempered",
                  beta=None, regression="latent", uniform_tolerance=4.0, info=None):
         K = jnp.shape(client_draws)[0]
         super().__init__(potential, client_draws, mixture_weights, jnp.full((K,), 1.0 / K), info=info)
@@ -234,6 +248,8 @@ class PredictiveBayesPosterior(EnsemblePosterior):
                              "pass beta= to PredictiveBayes")
         product, mixture = self.components(X)
         task = self.potential.task
+        if self.pooling == "tempered" and task == "classification":
+            return pool_beta(task, product, mixture, 1.0 / self.num_clients)
         if self.pooling == "beta":
             return pool_beta(task, product, mixture, self.beta)
         if task == "classification":
@@ -301,8 +317,11 @@ class PredictiveBayes(OneRoundAlgorithm):
 
     client: the backend (default CyclicalSGHMC(), as in the
     paper); prior_correction: divide by the prior predictive K'-1 times;
-    pooling: ``"product"`` or ``"beta"`` (log-linear pooling with the
-    mixture; ``beta`` given or fitted with ``posterior.fit_beta``);
+    pooling: ``"tempered"`` (default: classification pools the product and
+    the mixture with ``beta = 1/K'``; regression is the product),
+    ``"product"`` (the paper's rule) or ``"beta"`` (log-linear pooling with
+    the mixture; ``beta`` given or fitted with ``posterior.fit_beta``; a
+    ``beta`` given with the default pooling selects ``"beta"``);
     num_prior_samples: prior draws estimating the prior predictive;
     num_samples: draws taken from a Gaussian client output; regression:
     ``"latent"`` or ``"observed"`` (what the regression product multiplies);
@@ -312,7 +331,7 @@ class PredictiveBayes(OneRoundAlgorithm):
     """
 
     prior_correction: bool = True
-    pooling: str = "product"
+    pooling: str = "tempered"
     beta: Optional[float] = None
     num_prior_samples: int = 1000
     num_samples: int = 100
@@ -326,7 +345,7 @@ class PredictiveBayes(OneRoundAlgorithm):
 
     def __post_init__(self):
         super().__post_init__()
-        check_choice("pooling", self.pooling, ("product", "beta"))
+        check_choice("pooling", self.pooling, ("tempered", "product", "beta"))
         check_choice("regression", self.regression, ("latent", "observed"))
         check_choice("weighting", self.weighting, ("size", "uniform"))
         check_int("num_prior_samples", self.num_prior_samples, 2)
@@ -345,13 +364,16 @@ class PredictiveBayes(OneRoundAlgorithm):
         if self.prior_correction:
             prior_draws = sample_prior(ctx.potential, jax.random.fold_in(server_state.key, 1),
                                        self.num_prior_samples)
+        pooling = "beta" if (self.pooling == "tempered" and self.beta is not None) else self.pooling
         info = {"kind": "predictive-space product (an ensemble of client draws)",
                 "num_clients_combined": int(ids.size), "client_ids": ids.tolist(),
-                "prior_correction": self.prior_correction, "pooling": self.pooling,
+                "prior_correction": self.prior_correction, "pooling": pooling,
                 "regression": self.regression}
+        if pooling == "tempered" and ctx.potential.task == "classification":
+            info["beta"] = 1.0 / int(ids.size)
         return PredictiveBayesPosterior(
             ctx.potential, msgs["draws"], client_weights(sizes, self.weighting), prior_draws,
-            pooling=self.pooling, beta=self.beta, regression=self.regression,
+            pooling=pooling, beta=self.beta, regression=self.regression,
             uniform_tolerance=self.uniform_tolerance, info=info)
 
 
