@@ -277,11 +277,16 @@ def test_masked_client_end_to_end_through_run():
     np.testing.assert_allclose(c, cov, rtol=1e-3, atol=1e-6)
 
 
-def test_partial_participation_fills_client_slots():
-    """Clients sampled over several rounds land in their own slots; the posterior uses exactly those."""
-    res = fp.run(fp.algorithms.EPMCMC(client=Exact()), model, FED, rounds=2, seed=3, clients_per_round=2,
-                 progress=False)
+@pytest.mark.parametrize("algo", [fp.algorithms.EPMCMC(client=Exact()), fp.algorithms.Ensemble(client=Exact())])
+def test_partial_participation_counts_each_client_once(algo):
+    """Clients sampled over several rounds (3 rounds of 2 of 4 clients: some take part twice) are each
+    counted once, by the summing server (EPMCMC) as by the slot-keeping one (Ensemble)."""
+    res = fp.run(algo, model, FED, rounds=3, seed=3, clients_per_round=2, progress=False)
     seen = sorted({k for h in res.history for k in h["participants"]})
+    assert sum(len(h["participants"]) for h in res.history) > len(seen)          # a repeat happened
+    if isinstance(algo, fp.algorithms.Ensemble):
+        assert res.posterior.info["client_ids"] == seen and res.posterior.num_clients == len(seen)
+        return
     np.testing.assert_array_equal(np.flatnonzero(np.asarray(res.server_state.valid)), seen)
     assert res.posterior.info["client_ids"] == seen and len(seen) >= 2
     mu, cov = exact([CLIENTS[k] for k in seen])
