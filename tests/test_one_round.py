@@ -11,6 +11,12 @@ Tolerances: exact Gaussian inputs reproduce the oracle to float32 precision
 15% (Monte Carlo error of ~2000 draws is ~0.03 sd). The nonparametric and
 semiparametric EP-MCMC variants are asymptotically exact only (kernel bias
 and a slowly mixing index sampler), checked loosely on d = 2.
+
+The parametric servers (EPMCMC parametric, ConsensusMC) keep sums of
+sufficient statistics: checked against the combination of every client's own
+message, for masks, single counting of repeated clients, and a state size
+independent of K. Regression tests: the semiparametric prior power counted
+once; full covariances from fewer draws than dimensions (shrinkage).
 """
 import dataclasses
 import warnings
