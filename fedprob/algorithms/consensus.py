@@ -2,9 +2,9 @@
 
 Client k samples its sub-posterior ``p0(w)^(1/K) p(D_k | w)`` (prior share
 1/K, arranged here) and computes the weight ``W_k = Sigma_k^-1``, the inverse
-of its sample covariance (with its correlations shrunk toward zero,
-:func:`fedprob.gaussian.moment_match`; ``covariance="diag"``: elementwise
-inverse variances). The server combines the s-th draw of every client::
+of its sample covariance (its correlations shrunk toward zero when it has
+fewer than 10 d draws, :func:`fedprob.gaussian.moment_match`;
+``covariance="diag"``: elementwise inverse variances). The server combines the s-th draw of every client::
 
     w_s = (sum_k W_k)^-1 sum_k W_k w_{k,s},     s = 1..S.
 

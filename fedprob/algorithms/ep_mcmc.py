@@ -21,9 +21,9 @@ The server **sums** (:class:`~fedprob.algorithms.one_round.SummingOneRoundAlgori
 each client sends its natural parameters ``(P_k mu_k, P_k)`` and the server
 keeps their masked sums and the count K' of clients received (for the prior
 power), so its memory does not grow with K. Client Gaussians are
-moment-matched to draws with shrinkage of the correlations
-(:func:`fedprob.gaussian.moment_match`; full covariances from fewer than
-10 d draws warn). Clients also send ``P_k Sigma_mc,k P_k``, the Monte Carlo
+moment-matched to draws (:func:`fedprob.gaussian.moment_match`): with fewer
+than 10 d draws a full covariance has its correlations shrunk toward zero
+(OAS) and a RuntimeWarning says how many draws are needed. Clients also send ``P_k Sigma_mc,k P_k``, the Monte Carlo
 covariance of their mean from their per-coordinate effective sample sizes,
 whose sum gives ``info["mc_error_sd_ratio"]``: the Monte Carlo sd of the
 product's mean over its posterior sd (a RuntimeWarning above 0.2 names the
