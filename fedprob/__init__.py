@@ -5,7 +5,7 @@
     algo = fp.algorithms.PredictiveBayes(client=fp.inference.CyclicalSGHMC())
     result = fp.run(algo, fp.models.logistic_regression(), fed, rounds=1, seed=0)
 """
-from . import data, potential, posteriors
+from . import data, gaussian, potential, posteriors, protocols
 from . import models, inference
 from . import algorithms
 from .potential import Potential
