@@ -127,3 +127,14 @@ def test_prior_start_is_unchanged_for_models_without_an_init_scale():
     want = jnp.where(pot._real_mask, draw, 0.0)
     np.testing.assert_allclose(pot.init(key, "prior"), want, rtol=1e-6)
     np.testing.assert_array_equal(pot.init(key, "prior_full"), draw)
+
+
+def test_fedavg_default_start_trains_a_network(digits):
+    """An MLP's prior centre is all zeros (every hidden unit identical, no gradient to break the tie):
+    the default start adds the model's LeCun init noise to the weights. Measured after 10 rounds:
+    accuracy 0.681 from the default start, 0.100 (chance) from zeros."""
+    fed, test = digits
+    model = fp.models.bnn_mlp((32,), num_classes=10)
+    h = fp.run(A.FedAvg(), model, fed, seed=0, eval_data=test, progress=False).history[-1]
+    z = fp.run(A.FedAvg(init_strategy="zeros"), model, fed, seed=0, eval_data=test, progress=False).history[-1]
+    assert h["accuracy"] >= 0.62 and z["accuracy"] <= 0.15
