@@ -321,7 +321,7 @@ def one_round_methods(model, fed, test, s: Settings, task: str, val=None) -> lis
     # Classification: the fan-in MLP prior is symmetric in the classes, so its prior predictive is
     # exactly uniform and the K-1 prior factors cancel in the normalisation: we skip its Monte Carlo
     # estimate (num_prior_samples forward passes over the test set). Regression divides by it.
-    pb = SharedInitPredictiveBayes(client=backend, prior_correction=(task == "regression"),
+    pb = SharedInitPredictiveBayes(client=backend, prior_correction=(task == "regression"), pooling="product",
                                    init_seed=s.seed + 12345)
     t0 = time.perf_counter()
     res = fp.run(pb, model, fed, rounds=1, seed=s.seed, progress=False)

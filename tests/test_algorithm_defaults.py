@@ -7,7 +7,11 @@ measured values with a margin (measured values in each comment).
 
 EPMCMC and ConsensusMC default to full-batch NUTS (500 warmup + 500 draws) on
 d = 650 parameters per client, about 80-90 s each on two CPU cores: those
-default runs are marked slow, and the fast versions use a stated cheaper NUTS.
+default runs are marked slow. The fast versions use a Laplace client
+(``Laplace(hessian="diag_ggn")``, a Gaussian per client): a shorter NUTS
+(200 warmup + 200 draws, or tree depth 6) does not give usable client
+posteriors on d = 650 (EPMCMC's full-covariance product of 200-draw fits
+returned NaN predictions; ConsensusMC with depth 6: accuracy 0.36).
 """
 import jax
 import jax.numpy as jnp
@@ -35,8 +39,6 @@ def run_default(algo, digits):
     return res.history[-1]
 
 
-CHEAP_NUTS = dict(num_warmup=150, num_samples=150, max_tree_depth=6)
-
 # (algorithm, min accuracy, max NLL): measured accuracy / NLL in the comments
 CASES = {
     # 10 rounds, start at the prior centre (a prior draw: accuracy 0.21 after 20 rounds)
@@ -57,10 +59,11 @@ def test_default_algorithm_on_digits(name, digits):
 
 
 @pytest.mark.parametrize("name,make,min_acc,max_nll", [
-    ("EPMCMC", lambda: A.EPMCMC(client=fp.inference.NUTS(**CHEAP_NUTS)), 0.78, 0.95),
-    ("ConsensusMC", lambda: A.ConsensusMC(client=fp.inference.NUTS(**CHEAP_NUTS)), 0.78, 0.75),
+    ("EPMCMC", lambda: A.EPMCMC(client=fp.inference.Laplace(hessian="diag_ggn")), 0.86, 0.45),  # 0.897 / 0.392
+    ("ConsensusMC", lambda: A.ConsensusMC(client=fp.inference.Laplace(hessian="diag_ggn")), 0.87, 0.75),
+    # ConsensusMC measured 0.911 / 0.662
 ])
-def test_nuts_algorithms_with_a_cheaper_nuts(name, make, min_acc, max_nll, digits):
+def test_nuts_algorithms_with_a_laplace_client(name, make, min_acc, max_nll, digits):
     h = run_default(make(), digits)
     assert h["accuracy"] >= min_acc, (name, h["accuracy"])
     assert h["nll"] <= max_nll, (name, h["nll"])
@@ -124,3 +127,14 @@ def test_prior_start_is_unchanged_for_models_without_an_init_scale():
     want = jnp.where(pot._real_mask, draw, 0.0)
     np.testing.assert_allclose(pot.init(key, "prior"), want, rtol=1e-6)
     np.testing.assert_array_equal(pot.init(key, "prior_full"), draw)
+
+
+def test_fedavg_default_start_trains_a_network(digits):
+    """An MLP's prior centre is all zeros (every hidden unit identical, no gradient to break the tie):
+    the default start adds the model's LeCun init noise to the weights. Measured after 10 rounds:
+    accuracy 0.681 from the default start, 0.100 (chance) from zeros."""
+    fed, test = digits
+    model = fp.models.bnn_mlp((32,), num_classes=10)
+    h = fp.run(A.FedAvg(), model, fed, seed=0, eval_data=test, progress=False).history[-1]
+    z = fp.run(A.FedAvg(init_strategy="zeros"), model, fed, seed=0, eval_data=test, progress=False).history[-1]
+    assert h["accuracy"] >= 0.62 and z["accuracy"] <= 0.15

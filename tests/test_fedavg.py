@@ -137,3 +137,37 @@ def test_local_epochs_give_per_client_step_counts():
                progress=False)
     expected = np.mean([np.ceil(2 * n / 10) for n in fed.sizes])
     assert r.history[0]["client_steps"] == pytest.approx(expected)
+
+
+def test_client_lbfgs_through_the_shared_resolver_reaches_local_optima():
+    """client_optimizer names go through inference.optim.make_optimizer, so full-batch L-BFGS (which
+    needs the loss value passed to the update) works: one round averages the exact client optima."""
+    clients = make_clients(hetero=True)
+    fed = fp.data.FederatedData.from_clients(clients)
+    algo = fp.algorithms.FedAvg(local_steps=40, batch_size=None, client_optimizer="lbfgs", learning_rate=None)
+    r = fp.run(algo, model, fed, rounds=1, seed=0, progress=False)
+    q = fed.sizes / fed.sizes.sum()
+    want = sum(qk * np.linalg.solve(*client_quadratic(X, y, len(clients))) for (X, y), qk in zip(clients, q))
+    np.testing.assert_allclose(r.posterior.mean["w"], want, atol=2e-4)
+
+
+def test_make_optimizer_is_the_one_resolver():
+    import jax.numpy as jnp
+    import optax
+
+    from fedprob.inference.optim import make_optimizer
+
+    g = jnp.array([0.3, -1.0, 2.0])
+    for tx, ref in [(make_optimizer("sgd", 0.1, momentum=0.9), optax.sgd(0.1, momentum=0.9)),
+                    (make_optimizer("adagrad", 0.3, eps=1e-3), optax.adagrad(0.3, eps=1e-3)),
+                    (make_optimizer("yogi", 0.03, eps=1e-3), optax.yogi(0.03, eps=1e-3)),
+                    (make_optimizer("adam", 0.01), optax.adam(0.01))]:
+        w, s, w2, s2 = jnp.ones(3), None, jnp.ones(3), None
+        s, s2 = tx.init(w), ref.init(w2)
+        for t in range(3):
+            u, s = tx.update(g * (t + 1), s, w)
+            u2, s2 = ref.update(g * (t + 1), s2, w2)
+            w, w2 = optax.apply_updates(w, u), optax.apply_updates(w2, u2)
+        np.testing.assert_allclose(np.asarray(w), np.asarray(w2), rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        make_optimizer("rmsprop", 0.1)

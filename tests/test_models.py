@@ -340,3 +340,30 @@ def test_cnn_start_is_separate_from_the_prior():
     assert abs(float(p["conv1_W"].std()) * np.sqrt(9 * 4) - 1) < 0.15      # 1/sqrt(k*k*C_in)
     assert float(jnp.abs(p["conv0_b"]).max()) == 0.0
     assert abs(float(pot.constrain(pot.sample_prior(jax.random.PRNGKey(1)))["conv1_W"].std()) - 1) < 0.15
+
+
+@pytest.mark.slow
+def test_mnist_map_with_the_default_prior_is_not_shrunk(data_root):
+    """The full posterior (prior weight 1) MAP on 2,000 MNIST images: the default N(0, 1) prior leaves
+    the network free (measured 0.882), the fan-in prior shrinks it (measured 0.727)."""
+    ds = fp.data.load_mnist(data_root)
+    X, y = ds.X_train[:2000], ds.y_train[:2000]
+    accs = {}
+    for name, ps in (("default", 1.0), ("fan_in", None)):
+        pot = Potential(fp.models.bnn_mlp((100,), num_classes=10, prior_scale=ps), X, y)
+        target = make_target(ClientData(jnp.asarray(X), jnp.asarray(y), jnp.asarray(2000)), pot.dim)
+        opt = optax.adam(1e-3)
+        loss = lambda z, k, pot=pot, target=target: -pot.log_density(z, target, k, batch_size=64) / 2000
+
+        @jax.jit
+        def fit(z, key, loss=loss):
+            def step(carry, k):
+                z, s = carry
+                u, s = opt.update(jax.grad(loss)(z, k), s, z)
+                return (optax.apply_updates(z, u), s), None
+            return jax.lax.scan(step, (z, opt.init(z)), jax.random.split(key, 400))[0][0]
+
+        z = fit(pot.init(jax.random.PRNGKey(0), "center"), jax.random.PRNGKey(1))
+        logp = jax.jit(pot.predict)(z, jnp.asarray(ds.X_test[:1000]))
+        accs[name] = float(jnp.mean(jnp.argmax(logp, -1) == ds.y_test[:1000]))
+    assert accs["default"] > 0.85 and accs["default"] > accs["fan_in"] + 0.05, accs

@@ -206,8 +206,9 @@ class PredictiveBayesPosterior(EnsemblePosterior):
 
     ``predict(X)``: class probabilities (n, C) or (mean, variance) of the
     pooled predictive (``pooling``: "tempered", "product" or "beta").
-    ``sample``/``mean``: the union of client draws (an ensemble). ``fit_beta(X_val, y_val)`` fits the pooling weight and switches
-    to ``pooling="beta"``.
+    ``sample``/``mean``: the union of client draws (an ensemble).
+    ``fit_beta(X_val, y_val)`` fits the pooling weight and switches to
+    ``pooling="beta"``.
     """
 
     def __init__(self, potential, client_draws, mixture_weights, prior_draws=None, *, pooling="tempered",
