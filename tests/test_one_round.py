@@ -640,7 +640,7 @@ def test_predictive_bayes_classification_product_by_hand():
 
     pk = probs(draws).mean(1)                               # (K, n, 3)
     for tol in (4.0, 0.0):
-        post, _, _ = aggregate(fp.algorithms.PredictiveBayes(uniform_tolerance=tol), fed, Samples(draws),
+        post, _, _ = aggregate(fp.algorithms.PredictiveBayes(uniform_tolerance=tol, pooling="product"), fed, Samples(draws),
                                mdl=clf_model)
         got = np.asarray(post.predict(X.astype(np.float32)), np.float64)
         if tol > 0:   # class-symmetric prior: its predictive is uniform, detected at every point
@@ -702,7 +702,7 @@ def test_predictive_bayes_regression_against_exact_predictive():
     assert 0.0 <= beta < 0.7 and post_o.pooling == "beta"
     prod = obs.posterior(ctx, server, None)
     assert fp.algorithms.fit_beta(prod, Xv, yv) == pytest.approx(beta, abs=1e-4)   # pure function
-    assert prod.pooling == "product" and prod.beta is None
+    assert prod.pooling == "tempered" and prod.beta is None   # regression: the (latent) product
     assert lpd(post_o.predict(Xv), yv) >= lpd(prod.predict(Xv), yv)
     assert lpd(post_o.predict(Xt), yt) > lpd(prod.predict(Xt), yt) + 0.2
     # union of client draws as the sample, constrained dict
