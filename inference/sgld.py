@@ -39,11 +39,14 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+import optax
+
 from fedprob.posteriors import Samples
 from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
-                     check_positive, gradient_noise_variance, initial_position, log_density_and_grad,
-                     noise_capped, run_chain, step_info)
+                     check_positive, constant_schedule, gradient_noise_diagnostic,
+                     gradient_noise_variance, initial_position, log_density_and_grad,
+                     resolve_target_ess, run_chain, step_info, worst_ratio)
 
 Array = jax.Array
 
@@ -93,11 +96,17 @@ def rmsprop_preconditioner(square_avg, eps=1e-5) -> Array:
     return (eps + jnp.mean(root)) / (eps + root)
 
 
+def rms_update(square_avg, gbar, decay) -> Array:
+    """``V <- decay V + (1 - decay) gbar^2``: ``optax.scale_by_rms``'s second-moment statistic."""
+    tx = optax.scale_by_rms(decay=decay, eps=1.0, eps_in_sqrt=False)   # (updates unused)
+    _, st = tx.update(gbar, optax.ScaleByRmsState(nu=square_avg))
+    return st.nu
+
+
 def psgld_step(key, state: PSGLDState, grad, step_size, temperature=1.0, decay=0.99, eps=1e-5,
                scale=1.0) -> PSGLDState:
     """One pSGLD step (see the module docstring); ``scale`` turns ``grad`` into ``gbar``."""
-    gbar = grad / scale
-    v = decay * state.square_avg + (1.0 - decay) * gbar * gbar
+    v = rms_update(state.square_avg, grad / scale, decay)
     G = rmsprop_preconditioner(v, eps)
     w = state.position
     noise = jax.random.normal(key, w.shape, w.dtype)
@@ -153,6 +162,8 @@ class SGLD(ClientBackend):
     rmsprop_eps: float = 1e-5
     max_gradient_noise: Optional[float] = 0.1
     init_strategy: str = "prior"
+    target_ess: Optional[float] = None
+    max_stretch: int = 10
 
     output = "samples"
 
@@ -178,10 +189,10 @@ class SGLD(ClientBackend):
         if not pre:
             state = sgld_init(z0)
 
-            def kernel(k, s, eps):
+            def kernel(k, s, eps, noisy=True):
                 kg, kn = jax.random.split(k)
                 lp, g = vg(s.position, kg)
-                s = sgld_step(kn, s, g, eps, T)
+                s = sgld_step(kn, s, g, eps, T * noisy)
                 return s, step_info(lp, g, s.position)
 
             sample_kernel = kernel
@@ -190,10 +201,10 @@ class SGLD(ClientBackend):
             state = psgld_init(z0, vg(z0, k_g0)[1], n)
 
             def make_kernel(decay):
-                def kernel(k, s, eps):
+                def kernel(k, s, eps, noisy=True):
                     kg, kn = jax.random.split(k)
                     lp, g = vg(s.position, kg)
-                    s = psgld_step(kn, s, g, eps, T, decay, self.rmsprop_eps, n)
+                    s = psgld_step(kn, s, g, eps, T * noisy, decay, self.rmsprop_eps, n)
                     return s, step_info(lp, g, s.position)
                 return kernel
 
@@ -201,41 +212,32 @@ class SGLD(ClientBackend):
             kernel, sample_kernel = make_kernel(self.rmsprop_decay), make_kernel(1.0)
 
         def metric(s):
-            return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps) if pre else None
+            return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps) if pre else 1.0
 
-        def noise_coef(z, k, G):
-            """gradient_noise_ratio per unit step: sum G^2 var / (4 T sum G)."""
-            var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], z, k)
-            G = jnp.ones_like(var) if G is None else G
-            return jnp.sum(G * G * var) / (4.0 * T * jnp.sum(G))
+        def noise(k, s):
+            """Worst coordinate's gradient-noise ratio per unit step: max_i G_i V_i / (4 T)."""
+            var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], s.position, k)
+            return worst_ratio(var, metric(s) / (4.0 * T))
 
         def adapt(k, s, start, iters):
             return adapted_step_size(SGLD_RATE, potential, target, self.batch_size, s.position, k,
-                                     metric(s), start, iters)
+                                     metric(s) if pre else None, start, iters)
 
-        final = None
-        if self.batch_size is not None and T > 0:
-            def final(k, s, eps, looseness):
-                coef = noise_coef(s.position, k, metric(s))
-                if self.max_gradient_noise is not None:
-                    eps = noise_capped(eps, coef, self.max_gradient_noise * looseness)
-                return eps, coef
-
-        fixed = None if self.step_size is None else jnp.asarray(self.step_size, z0.dtype)
+        fixed = self.step_size is not None
+        minibatch = self.batch_size is not None and T > 0
         out = run_chain(kernel, state, k_run, num_burnin=self.num_burnin,
-                        num_samples=self.num_samples, steps_per_draw=self.thinning,
-                        step_size=fixed, adapt=None if fixed is not None else adapt, final=final,
-                        sample_kernel=sample_kernel)
+                        schedule=constant_schedule(self.num_samples, self.thinning),
+                        step_size=jnp.asarray(self.step_size, z0.dtype) if fixed else None,
+                        adapt=None if fixed else adapt,
+                        noise=noise if (minibatch and not fixed) else None,
+                        max_noise=self.max_gradient_noise,
+                        target_ess=resolve_target_ess(self.target_ess, self.num_samples),
+                        max_stretch=self.max_stretch, sample_kernel=sample_kernel)
         diag = chain_diagnostics(out)
-        if self.batch_size is None:
-            ratio = jnp.zeros((), z0.dtype)
-        elif out.noise_coef is not None:
-            ratio = out.step_size * out.noise_coef
-        else:
-            ratio = out.step_size * noise_coef(out.state.position, k_noise, metric(out.state))
-        diag["gradient_noise_ratio"] = ratio
+        diag["gradient_noise_ratio"] = gradient_noise_diagnostic(
+            out, self.batch_size if T > 0 else None, lambda s: noise(k_noise, s))
         return ClientResult(Samples(out.draws), out.state.position, diag)
 
 
 __all__ = ["SGLD", "SGLDState", "PSGLDState", "sgld_init", "sgld_step", "psgld_init", "psgld_step",
-           "rmsprop_preconditioner", "SGLD_RATE"]
+           "rmsprop_preconditioner", "rms_update", "SGLD_RATE"]

@@ -271,7 +271,7 @@ def test_cyclical_exploration_injects_no_noise():
     momentum SGD with the cosine schedule (float32 rounding apart)."""
     C, cycles, eta0, alpha = 20, 2, 2e-3, 0.3
     kw = dict(step_size=eta0, num_cycles=cycles, cycle_length=C, exploration=1.0, samples_per_cycle=2,
-              friction=alpha)
+              friction=alpha, num_burnin=0)
     hot = run_chains(CyclicalSGHMC(temperature=5.0, **kw), chains=1).posterior.draws[0]
     grad = jit(jax.grad(lambda w: POT.log_density(w, TARGET)))
     s, snaps = sghmc_init(jnp.zeros(D)), []
