@@ -120,7 +120,7 @@ class CyclicalSGHMC(ClientBackend):
     cycle_length: Optional[int] = None
     num_steps: Optional[int] = None
     exploration: float = 0.5
-    samples_per_cycle: int = 5
+    samples_per_cycle: int = 25
     friction: float = 0.3
     batch_size: Optional[int] = None
     temperature: float = 1.0
@@ -166,10 +166,7 @@ class CyclicalSGHMC(ClientBackend):
 
     def sample_steps(self) -> tuple:
         """Indices ``mod(t - 1, C)`` (within a cycle) of the steps whose position is a draw."""
-        C, s = self.length, self.samples_per_cycle
-        E = math.ceil(self.exploration * C)
-        gap = max((C - E) // s, 1)
-        return tuple(C - 1 - gap * (s - 1 - i) for i in range(s))
+        return self.schedule().draw_steps()
 
     def schedule(self):
         """The runner's :class:`~fedprob.inference.sgmcmc.Schedule` of the cycles."""

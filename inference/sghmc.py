@@ -28,7 +28,7 @@ from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
                      check_positive, constant_schedule, gradient_noise_diagnostic,
                      gradient_noise_variance, initial_position, log_density_and_grad,
-                     resolve_target_ess, run_chain, step_info, worst_ratio)
+                     resolve_target_ess, run_chain, step_info, noise_ratios)
 
 Array = jax.Array
 
@@ -170,19 +170,19 @@ def sghmc_result(backend, out, vg, key) -> ClientResult:
 
 
 def sghmc_noise(vg, friction, temperature, num_pairs=8):
-    """``noise(key, state)``: the worst coordinate's ``V_i / (2 alpha T)``, minibatch over
-    injected noise variance per unit ``eta`` (see :mod:`fedprob.inference.sgmcmc`)."""
+    """``noise(key, state)``: each coordinate's ``V_i / (2 alpha T)``, minibatch over injected
+    noise variance per unit ``eta`` (see :mod:`fedprob.inference.sgmcmc`)."""
 
     def noise(key, s):
         var = gradient_noise_variance(lambda x, k: vg(x, k)[1], s.position, key, num_pairs)
-        return worst_ratio(var, 1.0 / (2.0 * friction * temperature))
+        return noise_ratios(var, 1.0 / (2.0 * friction * temperature))
 
     return noise
 
 
 def sghmc_noise_coef(vg, z, key, friction, temperature, num_pairs=8):
     """``max_i V_i / (2 alpha T)`` at ``z``: the worst coordinate's gradient-noise ratio per unit ``eta``."""
-    return sghmc_noise(vg, friction, temperature, num_pairs)(key, SGHMCState(z, jnp.zeros_like(z)))
+    return jnp.max(sghmc_noise(vg, friction, temperature, num_pairs)(key, SGHMCState(z, jnp.zeros_like(z))))
 
 
 __all__ = ["SGHMC", "SGHMCState", "sghmc_init", "sghmc_step", "momentum_step", "kinetic_temperature",

@@ -46,7 +46,7 @@ from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
                      check_positive, constant_schedule, gradient_noise_diagnostic,
                      gradient_noise_variance, initial_position, log_density_and_grad,
-                     resolve_target_ess, run_chain, step_info, worst_ratio)
+                     resolve_target_ess, run_chain, step_info, noise_ratios)
 
 Array = jax.Array
 
@@ -215,9 +215,9 @@ class SGLD(ClientBackend):
             return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps) if pre else 1.0
 
         def noise(k, s):
-            """Worst coordinate's gradient-noise ratio per unit step: max_i G_i V_i / (4 T)."""
+            """Each coordinate's gradient-noise ratio per unit step: G_i V_i / (4 T)."""
             var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], s.position, k)
-            return worst_ratio(var, metric(s) / (4.0 * T))
+            return noise_ratios(var, metric(s) / (4.0 * T))
 
         def adapt(k, s, start, iters):
             return adapted_step_size(SGLD_RATE, potential, target, self.batch_size, s.position, k,

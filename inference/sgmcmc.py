@@ -234,14 +234,15 @@ def gradient_noise_variance(grad_fn: Callable, z: Array, key: Array, num_pairs: 
     return jnp.mean(0.5 * (g[:, 0] - g[:, 1]) ** 2, axis=0)
 
 
-def worst_ratio(var: Array, scale) -> Array:
-    """``max_i scale_i * var_i``: the worst coordinate's gradient-noise ratio per unit step.
+def noise_ratios(var: Array, scale) -> Array:
+    """``scale_i * var_i``: each coordinate's gradient-noise ratio per unit step (the runner
+    caps their maximum).
 
     ``var`` the per-coordinate minibatch gradient variance, ``scale`` what turns it into the
     ratio of gradient-noise to injected-noise variance per unit step in the sampler's metric
     (SGLD: ``G / (4 T)``; SGHMC: ``1 / (2 alpha T)``; see the module docstring).
     """
-    return jnp.max(scale * var)
+    return scale * var
 
 
 # -- schedules of the sampling phase -----------------------------------------------------------
@@ -250,30 +251,40 @@ def worst_ratio(var: Array, scale) -> Array:
 PILOT_EVERY = 5
 #: Exploration (noise-free) steps of a cyclical schedule are capped this many times looser.
 EXPLORATION_LOOSENESS = EARLY_LOOSENESS
-#: Relaxation times (pilot tau, in steps of the burn-in step) a cycle's noisy phase must
-#: cover for its draws to have forgotten the noise-free exploration's end point.
-CYCLE_RELAXATIONS = 3.0
+#: Integrated autocorrelation times (pilot tau, in burn-in steps) the equilibration part of
+#: a cycle's noisy phase must cover: after the noise-free exploration the chain sits near a
+#: mode; for an AR(1)-like chain the variance deficit decays like exp(-4 t / tau) and the
+#: offset of the mean like exp(-2 t / tau) (0.25% and 5% left at t = 1.5 tau).
+CYCLE_RELAXATIONS = 1.5
+#: The pilot's tau is multiplied by this before the stretch is chosen: the ESS estimate of
+#: a short pilot is noisy, and the target is a floor.
+ESS_SAFETY = 1.5
 
 
 class Schedule(NamedTuple):
     """The sampling phase (static): ``num_periods`` periods, each ``pre`` steps without a draw,
-    then ``draws`` blocks of ``gap`` steps that each give one draw (at the block's end, or the
-    block's average). With ``exploration=None`` every step is noisy at the frozen step; else a
-    period is a cosine cycle: step ``j`` of a cycle of ``C`` steps runs at ``peak / 2 *
-    (cos(pi j / C) + 1)`` times the frozen (burn-in) step, noise-free for ``j <
-    ceil(exploration C)``. A stretch factor ``k`` (ESS target) multiplies ``pre``, ``gap``
-    and ``C`` alike."""
+    then one block per entry of ``gaps`` (that many steps) that gives one draw (the block's
+    last position, or its average). With ``exploration=None`` every step is noisy at the
+    frozen step; else a period is a cosine cycle: step ``j`` of a cycle of ``C`` steps runs
+    at ``peak / 2 * (cos(pi j / C) + 1)`` times the frozen (burn-in) step, noise-free for
+    ``j < ceil(exploration C)``. A stretch factor ``k`` (ESS target) multiplies ``pre``,
+    ``gaps`` and ``C`` alike; ``equilibrate`` is the fraction of a cycle's noisy phase (in
+    integrated step) before its first draw."""
 
     num_periods: int
     pre: int
-    draws: int
-    gap: int
+    gaps: tuple
     peak: float = 1.0
     exploration: Optional[float] = None
+    equilibrate: float = 0.0
 
     @property
     def period(self) -> int:
-        return self.pre + self.draws * self.gap
+        return self.pre + sum(self.gaps)
+
+    @property
+    def draws(self) -> int:
+        return len(self.gaps)
 
     @property
     def num_samples(self) -> int:
@@ -282,6 +293,11 @@ class Schedule(NamedTuple):
     @property
     def num_explore(self) -> int:
         return 0 if self.exploration is None else math.ceil(self.exploration * self.period)
+
+    def draw_steps(self) -> tuple:
+        """Within-period indices (unstretched) of the steps whose position ends a block."""
+        ends = self.pre + np.cumsum(self.gaps) - 1
+        return tuple(int(e) for e in ends)
 
     def factor(self, j, k):
         """``(multiplier, noisy)`` of within-period step ``j`` of a period stretched ``k`` times."""
@@ -301,35 +317,60 @@ class Schedule(NamedTuple):
 
 def constant_schedule(num_samples: int, thinning: int) -> Schedule:
     """A draw every ``thinning`` steps at the frozen step (SGLD, SGHMC, IASG)."""
-    return Schedule(1, 0, num_samples, thinning)
+    return Schedule(1, 0, (thinning,) * num_samples)
+
+
+#: Fraction of a cycle's noisy phase (in integrated step) left to re-equilibrate after
+#: the noise-free exploration, before the first draw.
+EQUILIBRATE = 0.3
 
 
 def cyclical_schedule(num_cycles: int, cycle_length: int, exploration: float, samples_per_cycle: int,
-                      peak: float) -> Schedule:
-    """Cosine cycles (Zhang et al. 2020): draws at the ends of the last ``samples_per_cycle``
-    blocks of ``gap = (C - E) // samples_per_cycle`` steps of each cycle (``E`` the
-    exploration steps; ``gap`` at least 1)."""
+                      peak: float, equilibrate: float = EQUILIBRATE) -> Schedule:
+    """Cosine cycles (Zhang et al. 2020) with ``samples_per_cycle`` draws per cycle.
+
+    The draws are spread evenly in *integrated step* (``sum_j eta_j``, the time the
+    dynamics sees) over the noisy phase after its first ``equilibrate`` fraction, the last
+    at the cycle's last step: even spacing in steps would put several draws in the cycle's
+    tail, where the step is near 0 and they are nearly identical. When the noisy phase is
+    too short for distinct steps, the draws are its last ``samples_per_cycle`` steps.
+    """
     C, s = cycle_length, samples_per_cycle
     E = math.ceil(exploration * C)
-    gap = max((C - E) // s, 1)
-    return Schedule(num_cycles, C - gap * s, s, gap, peak, exploration)
+    if E >= C:       # no noisy step: snapshots at the end of the cycle, gap (C - E) // s = 1
+        ends = list(range(C - s, C))
+    else:
+        j = np.arange(E, C)
+        t = np.cumsum(0.5 * (np.cos(np.pi * j / C) + 1.0))
+        goals = t[-1] * (equilibrate + (1.0 - equilibrate) * np.arange(1, s + 1) / s)
+        ends = [int(E + np.searchsorted(t, g - 1e-9 * t[-1])) for g in goals]
+        ends[-1] = C - 1
+        if any(b <= a for a, b in zip(ends, ends[1:])) or ends[0] < 0:
+            ends = list(range(C - s, C))
+    gaps = tuple([1] + [b - a for a, b in zip(ends, ends[1:])])
+    return Schedule(num_cycles, ends[0], gaps, peak, exploration, equilibrate if E < C else 0.0)
 
 
 def stretch_factor(schedule: Schedule, tau: Array, target_ess: float, max_stretch: int,
                    step_ratio: Array) -> Array:
     """The integer stretch ``k`` in ``[1, max_stretch]`` that reaches ``target_ess``.
 
-    ``tau``: integrated autocorrelation time in steps of the burn-in step. Constant schedule:
-    ``S`` draws ``k * gap`` steps apart give about ``S k gap / tau`` effective draws, so ``k =
-    tau target / (S gap)``. Cyclical: a cycle's noisy phase covers ``k * sum_j step_ratio_j``
-    burn-in steps' worth of motion; it must cover ``CYCLE_RELAXATIONS`` relaxation times to
-    forget the exploration's end, and the cycles together ``tau * target``.
+    ``tau``: integrated autocorrelation time in steps of the burn-in step (times
+    ``ESS_SAFETY``). Constant schedule: ``S`` draws ``k * thinning`` steps apart give about
+    ``S k thinning / tau`` effective draws, so ``k = tau target / (S thinning)``. Cyclical:
+    a cycle's noisy phase covers ``k * sum_j step_ratio_j`` burn-in steps' worth of motion;
+    its first ``equilibrate`` fraction must cover ``CYCLE_RELAXATIONS`` relaxation times
+    (to forget the exploration's end point), and the rest of all cycles ``tau * target``.
     """
+    tau = ESS_SAFETY * tau
     if schedule.exploration is None:
-        need = tau * target_ess / (schedule.num_samples * schedule.gap)
+        need = tau * target_ess / schedule.period
     else:
         per_cycle = jnp.maximum(jnp.sum(step_ratio), 1e-12)
-        need = jnp.maximum(tau * target_ess / schedule.num_periods, CYCLE_RELAXATIONS * tau) / per_cycle
+        f = schedule.equilibrate
+        need = tau * target_ess / (schedule.num_periods * max(1.0 - f, 1e-3) * per_cycle)
+        if f > 0:
+            need = jnp.maximum(need, CYCLE_RELAXATIONS * tau / (f * per_cycle))
     need = jnp.where(jnp.isfinite(need), need, float(max_stretch))
     return jnp.clip(jnp.ceil(need), 1, max_stretch).astype(jnp.int32)
 
@@ -368,8 +409,9 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     either ``step_size`` (a number, used as it is) or ``adapt(key, state, start, num_iters) ->
     (step, eigenvector)``: estimated at the start point and re-estimated (warm-started power
     iteration) at the end of every ``adapt_every`` burn-in steps. ``noise(key, state) ->
-    coef`` (with an adapted step) gives the worst coordinate's gradient-noise ratio per unit
-    step; the step is capped at ``max_noise / coef`` (10 times looser in the first half of
+    ratios`` (with an adapted step) gives each coordinate's gradient-noise ratio per unit
+    step (averaged over the estimates of the second half of burn-in); with ``coef`` their
+    maximum the step is capped at ``max_noise / coef`` (10 times looser in the first half of
     burn-in and for noise-free steps). Step and cap are FROZEN at the end of burn-in. Burn-in
     windows and sampling blocks that produce NaN/inf are rolled back to ``reset(state at
     their start)`` and every later step halved (adapted step only). A block's draw is its
@@ -400,20 +442,31 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     def looseness(j):
         return jnp.where(j >= nw // 2, 1.0, EARLY_LOOSENESS)
 
-    def estimate(k, s, v, j):
+    def estimate(k, s, v, j, vacc, cnt):
+        """Step, eigenvector, noise ratios, cap; the per-coordinate noise ratios are averaged
+        over the estimates of the second half of burn-in (``vacc / cnt``): a single estimate
+        from a few gradient pairs is noisy, and its maximum over coordinates biased low or high."""
         k_curv, k_cap = jax.random.split(k)
         if adaptive:
             e, v = adapt(k_curv, s, v, POWER_ITERS if v is None else WARM_ITERS)
         else:
             e = jnp.asarray(step_size, dtype)
-        coef = noise(k_cap, s) if noise is not None else jnp.zeros((), dtype)
+        if noise is not None:
+            ratios = noise(k_cap, s).astype(dtype)
+            late = jnp.asarray(j) >= nw // 2
+            vacc = jnp.where(late, vacc + ratios, vacc)
+            cnt = cnt + late.astype(dtype)
+            coef = jnp.max(jnp.where(late, vacc / jnp.maximum(cnt, 1.0), ratios))
+        else:
+            coef = jnp.zeros((), dtype)
         cap = inf
         if capped:
             cap = jnp.where(coef > 0, max_noise / jnp.where(coef > 0, coef, 1.0), inf).astype(dtype)
-        return e.astype(dtype), v, coef.astype(dtype), cap, cap * looseness(j)
+        return e.astype(dtype), v, coef.astype(dtype), cap, cap * looseness(j), vacc, cnt
 
     k_first, k_rest, k_win = jax.random.split(k_adapt, 3)
-    eps, v, coef, cap, cap_now = estimate(k_first, state, None, 0)
+    vacc, cnt = jnp.zeros_like(pos0), jnp.zeros((), dtype)
+    eps, v, coef, cap, cap_now, vacc, cnt = estimate(k_first, state, None, 0, vacc, cnt)
     v = jnp.zeros_like(pos0) if v is None else v
     mult = jnp.ones((), dtype)
     restarts = jnp.zeros((), jnp.int32)
@@ -425,7 +478,7 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
         chunk = adapt_every // R
 
         def window(carry, xs):
-            s, e, v, m, r, coef, cap, cap_now = carry
+            s, e, v, m, r, coef, cap, cap_now, vacc, cnt = carry
             ks, j = xs
             b = m * jnp.minimum(e, cap_now)
 
@@ -441,13 +494,14 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
                 r = r + (~ok).astype(jnp.int32)
             else:
                 s = s_new
-            e, v2, coef, cap, cap_now = estimate(ks[1], s, v if adaptive else None, j + 1)
+            e, v2, coef, cap, cap_now, vacc, cnt = estimate(ks[1], s, v if adaptive else None, j + 1,
+                                                            vacc, cnt)
             v = v2 if adaptive else v
-            return (s, e, v, m, r, coef, cap, cap_now), rec
+            return (s, e, v, m, r, coef, cap, cap_now, vacc, cnt), rec
 
         keys = jnp.stack([jax.random.split(k_burn, nw), jax.random.split(k_win, nw)], axis=1)
-        carry = (state, eps, v, mult, restarts, coef, cap, cap_now)
-        (state, eps, v, mult, restarts, coef, cap, _), records = jax.lax.scan(
+        carry = (state, eps, v, mult, restarts, coef, cap, cap_now, vacc, cnt)
+        (state, eps, v, mult, restarts, coef, cap, _, _, _), records = jax.lax.scan(
             window, carry, (keys, jnp.arange(nw)))
 
     # -- frozen step and cap; the stretch from the pilot -----------------------------------
@@ -511,11 +565,13 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             carry, _ = block(carry, k_pre, 0, schedule.pre * k)
 
         def one(c, xs):
-            kb, b = xs
-            return block(c, kb, (schedule.pre + b * schedule.gap) * k, schedule.gap * k)
+            kb, j0, n = xs
+            return block(c, kb, j0 * k, n * k)
 
+        starts = schedule.pre + np.concatenate([[0], np.cumsum(schedule.gaps)[:-1]])
         return jax.lax.scan(one, carry, (jax.random.split(k_blocks, schedule.draws),
-                                         jnp.arange(schedule.draws)))
+                                         jnp.asarray(starts, jnp.int32),
+                                         jnp.asarray(schedule.gaps, jnp.int32)))
 
     _, probe = jax.eval_shape(lambda s: sample_kernel(k_draw, s, eps, True), state)
     info_names = [name for name in probe if name != "finite"]
@@ -590,13 +646,13 @@ def gradient_noise_diagnostic(out: ChainOutput, batch_size, coef_at_end: Callabl
     (0 for the full batch); ``coef_at_end(state)`` when the run did not estimate it."""
     if batch_size is None:
         return jnp.zeros((), out.max_noisy_step.dtype)
-    coef = out.noise_coef if out.noise_coef is not None else coef_at_end(out.state)
+    coef = out.noise_coef if out.noise_coef is not None else jnp.max(coef_at_end(out.state))
     return out.max_noisy_step * coef
 
 
 __all__ = [
     "ChainOutput", "run_chain", "Schedule", "constant_schedule", "cyclical_schedule", "stretch_factor",
     "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics", "gradient_noise_diagnostic",
-    "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "worst_ratio",
+    "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_ratios",
     "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES", "resolve_target_ess",
 ]

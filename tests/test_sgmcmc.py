@@ -260,10 +260,17 @@ def test_cyclical_schedule_values():
                                [eta0, eta0 / 2, eta0], rtol=1e-6)
     flags = np.asarray(is_exploration(t, C, 0.8))
     np.testing.assert_array_equal(flags, np.mod(t - 1, C) < 8)
+    # draws evenly spaced in integrated step (sum of eta_t) over the noisy phase (steps 80..99)
+    # after its first 30%, the last at the cycle's last step: (84, 86, 89, 99), not the
+    # equal-step spacing (84, 89, 94, 99) whose last draws sit where the step is near 0
     b = CyclicalSGHMC(cycle_length=100, exploration=0.8, samples_per_cycle=4)
-    assert b.sample_steps() == (84, 89, 94, 99)          # gap (100 - 80) // 4 = 5, last step 99
+    j = np.arange(80, 100)
+    cum = np.cumsum(np.cos(np.pi * j / 100) + 1)
+    expect = [80 + int(np.argmax(cum >= cum[-1] * (0.3 + 0.7 * i / 4) - 1e-9)) for i in (1, 2, 3)] + [99]
+    assert b.sample_steps() == tuple(expect) == (84, 86, 89, 99)
+    assert CyclicalSGHMC(cycle_length=20, exploration=1.0, samples_per_cycle=2).sample_steps() == (18, 19)
     assert CyclicalSGHMC(num_steps=1001, num_cycles=4).length == 251
-    assert CyclicalSGHMC().num_samples == 20
+    assert CyclicalSGHMC().num_samples == 100
 
 
 def test_cyclical_exploration_injects_no_noise():
