@@ -96,7 +96,8 @@ class IASG(ClientBackend):
 
     Diagnostics: ``grad_norm`` (of the mean-loss gradient) and ``loss``
     (minibatch mean loss), both averaged over the sampling steps; ``nonfinite``
-    / ``finite``; ``ess``; ``step_size``; ``burnin_restarts`` (adapted step
+    / ``finite``; ``ess``; ``step_size``; ``stretch`` (always 1: IASG has no
+    ESS target); ``burnin_restarts`` / ``sampling_restarts`` (adapted step
     only, see :mod:`fedprob.inference.sgmcmc`).
     """
 

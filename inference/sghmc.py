@@ -83,11 +83,14 @@ class SGHMC(ClientBackend):
         ``1 / n_k``.
     friction: alpha in (0, 1] (momentum decay ``1 - alpha``).
     num_burnin, num_samples, thinning, batch_size, temperature,
-        max_gradient_noise, init_strategy: as in :class:`~fedprob.inference.SGLD`.
+        max_gradient_noise, init_strategy, target_ess, max_stretch: as in
+        :class:`~fedprob.inference.SGLD`.
 
     Diagnostics: those of SGLD (``grad_norm``, ``log_density``,
-    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``burnin_restarts``,
-    ``gradient_noise_ratio`` = ``eta tr Sigma_g / (2 alpha T d)``) and
+    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``stretch``,
+    ``burnin_restarts``, ``sampling_restarts``, ``gradient_noise_ratio`` =
+    ``eta max_i V_i / (2 alpha T)``, the worst coordinate's ratio of
+    minibatch-noise to injected-noise variance per step) and
     ``kinetic_temperature`` (see the module docstring).
     """
 

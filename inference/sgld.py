@@ -11,6 +11,7 @@ the per-point (mean) gradient as in Li et al.::
     G <- 1 / (lambda + sqrt(V))                    (elementwise, lambda = rmsprop_eps)
     w <- w + (eps_t / 2) G g + N(0, eps_t T G)
 
+``V`` is the second-moment statistic of ``optax.scale_by_rms`` (its ``nu``).
 Three documented choices: (1) ``V`` adapts during burn-in and is frozen for
 sampling, so the sampling phase is SGLD with a fixed diagonal metric and
 Li et al.'s Gamma correction term (the derivative of G) is exactly zero.
@@ -131,23 +132,32 @@ class SGLD(ClientBackend):
     preconditioner: ``None`` or ``"rmsprop"`` (pSGLD, with ``rmsprop_decay``
         and ``rmsprop_eps``; see the module docstring).
     max_gradient_noise: with minibatches, the adapted step is also capped so
-        that ``gradient_noise_ratio`` stays below this (``None``: no cap;
-        ignored for a given ``step_size``).
+        that the worst coordinate's gradient-noise ratio stays below this
+        (``None``: no cap; ignored for a given ``step_size``).
     init_strategy: start used when ``run`` gets ``init=None``: ``"prior"``
         (one prior draw) or ``"zeros"``.
+    target_ess, max_stretch: effective-sample-size target of the draws (worst
+        coordinate; ``None``: half of ``num_samples``; 0: off); the thinning
+        is multiplied by an integer up to ``max_stretch``, chosen from a pilot
+        autocorrelation estimate of the second half of burn-in. To raise a
+        client's ESS raise ``num_samples`` and ``target_ess`` (and
+        ``max_stretch``).
 
-    Minibatch noise inflates the variance: the gradient noise adds
-    ``(eps/2)^2 (n^2/b) V`` per step (``V`` the per-point gradient variance)
-    to the injected ``eps T``, a relative excess of about
-    ``eps n^2 V / (4 b T)``, reported as the diagnostic
-    ``gradient_noise_ratio`` and bounded by ``max_gradient_noise`` when the
-    step is adapted (then small batches of a large client give small steps:
-    check ``ess``).
+    Minibatch noise inflates the variance: in coordinate ``i`` the gradient
+    noise adds ``(eps/2)^2 G_i^2 V_i`` per step (``V_i`` the variance of the
+    minibatch gradient's coordinate, ``G`` the metric, 1 without
+    preconditioner) to the injected ``eps T G_i``, a relative excess variance
+    of about ``r_i = eps G_i V_i / (4 T)`` in that coordinate (the posterior
+    variance cancels; see :mod:`fedprob.inference.sgmcmc`). ``max_i r_i`` is
+    reported as the diagnostic ``gradient_noise_ratio`` and bounded by
+    ``max_gradient_noise`` when the step is adapted (then small batches of a
+    large client give small steps and a longer run: check ``ess``).
 
     Diagnostics: ``grad_norm``, ``log_density`` (means over the sampling
     steps), ``nonfinite`` / ``finite``, ``ess`` (smallest per-coordinate ESS
-    of the draws), ``step_size`` (of the sampling phase), ``burnin_restarts``
-    (burn-in windows rolled back after a NaN/inf, adapted step only),
+    of the draws), ``step_size`` (of the sampling phase), ``stretch``,
+    ``burnin_restarts`` / ``sampling_restarts`` (burn-in windows / sampling
+    blocks rolled back after a NaN/inf, adapted step only),
     ``gradient_noise_ratio``.
     """
 

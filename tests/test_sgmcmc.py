@@ -114,11 +114,10 @@ SAMPLERS = {
     "pSGLD": SGLD(preconditioner="rmsprop", **SHORT),
     "SGHMC": SGHMC(**SHORT),
     "SGHMC-minibatch": SGHMC(batch_size=16, **SHORT),
-    # Draws come from the end of the sampling phase (the last 20% of a cycle by default), which
-    # must re-spread the chain after the noise-free exploration: with the default cycle length
-    # (500) the sds come out about 0.88 of the exact ones here (0.77 with cycles of 200, 1.0
-    # with exploration 0.5), so 40 default cycles; with minibatches the noisy steps are also
-    # capped (gradient-noise ratio <= 0.1), hence exploration 0.5 there.
+    # Draws come from the noisy part of each cycle, which must re-spread the chain after the
+    # noise-free exploration; 40 cycles of 2 draws (the defaults themselves are tested in
+    # test_sgmcmc_defaults.py); with minibatches the noisy steps are also capped
+    # (worst coordinate's gradient-noise ratio <= 0.1).
     "CyclicalSGHMC": CyclicalSGHMC(num_cycles=40, samples_per_cycle=2),
     "CyclicalSGHMC-minibatch": CyclicalSGHMC(num_cycles=40, cycle_length=200, samples_per_cycle=2,
                                              exploration=0.5, batch_size=16),

@@ -14,8 +14,8 @@ Per client and coordinate: ``z = (mean - exact mean) / exact sd`` and
 ``ratio = sd / exact sd``, pooled over ``CHAINS`` vmapped chains. Tolerances
 (chosen from seeds 0 to 3 of the measured runs, listed in the report of the
 change): |z| < 0.4 and ratio in [0.8, 1.25] for problem (a); for (b) the same
-(CyclicalSGHMC: |z| < 0.5: its ESS per client is lower, about 30 to 60 per
-chain, so its Monte Carlo error is about 0.15 sd per coordinate and 12
+(CyclicalSGHMC: |z| < 0.5: its ESS per client is lower, about 35 to 65 per
+chain, so its Monte Carlo error is about 0.1 sd per coordinate and 12
 coordinates are checked). What is left beyond the Monte Carlo error is the
 step-size bias (a few per cent in the sd) and the minibatch noise (capped per
 coordinate at 10% excess variance).
