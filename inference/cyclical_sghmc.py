@@ -16,12 +16,15 @@ whatever the temperature); the rest are SGHMC steps with noise
 step never depends on the current state during sampling (a state-dependent
 step tilts the stationary density towards high curvature).
 
-Draws: ``samples_per_cycle`` per cycle: the ends of the last
-``samples_per_cycle`` of the equal blocks of ``gap = (C - E) //
-samples_per_cycle`` steps that end the cycle (``E = ceil(beta C)``; ``gap =
-1`` when the sampling phase is shorter than ``samples_per_cycle``). With
-``exploration = 1`` no noise is ever injected: the draws are the snapshots
-of cyclical momentum SGD (a snapshot ensemble).
+Draws: ``samples_per_cycle`` per cycle, spread evenly in integrated step
+(``sum_t eta_t``, the time the dynamics sees) over the noisy phase after its
+first 30% (left to re-equilibrate after the noise-free exploration), the last
+at the cycle's last step; even spacing in steps would put several draws in
+the tail of the cycle, where the step is near 0 and they are nearly
+identical (:func:`fedprob.inference.sgmcmc.cyclical_schedule`). With
+``exploration = 1`` no noise is ever injected: the draws are the snapshots of
+cyclical momentum SGD at the last ``samples_per_cycle`` steps of each cycle
+(a snapshot ensemble).
 
 Calibration. The noise-free exploration ends near a mode and the decaying
 sampling phase must spread the chain out again before the draws: its
@@ -30,8 +33,12 @@ direction. The default ``exploration`` is therefore 0.5 (with 0.8 the
 noisy phase of a cycle moves about 14 times less, and draws came out 0.6 to
 0.9 of the exact sds on ill-conditioned regressions), and with the
 effective-sample-size target (``target_ess``) the cycles are lengthened
-from a pilot estimate of the autocorrelation time (burn-in) until each
-cycle's noisy phase covers ``CYCLE_RELAXATIONS`` of them.
+(up to ``max_stretch`` times) from a pilot estimate of the autocorrelation
+time (burn-in) until the equilibration part of each cycle's noisy phase
+covers ``CYCLE_RELAXATIONS`` of them and the draws reach the target. On the
+unimodal oracles this costs: a cycle spends half its steps exploring and the
+draws need the rest, so cyclical SGHMC reaches a given ESS with several times
+more gradients than SGHMC; its strength is moving between modes.
 """
 from __future__ import annotations
 
@@ -42,7 +49,6 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from fedprob.posteriors import Samples
 from fedprob.protocols import ClientBackend, ClientResult
 from .sghmc import SGHMC_RATE, check_friction, run_sghmc, sghmc_result
 from .sgmcmc import (check_common, check_fraction, check_int, check_positive, cyclical_schedule,

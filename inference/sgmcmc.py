@@ -508,7 +508,7 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     base = jnp.minimum(eps, cap)                     # the burn-in step at the end of burn-in
     noisy_mult = jnp.asarray(schedule.noisy_multipliers(), dtype)
     noisy_steps = jnp.minimum(eps * noisy_mult, cap)
-    max_noisy = mult * (jnp.max(noisy_steps) if noisy_mult.size else jnp.zeros((), dtype))
+    max_noisy = jnp.max(noisy_steps) if noisy_mult.size else jnp.zeros((), dtype)
     if pilot_on:
         rec = records[nw // 2:].reshape(-1, pos0.shape[0])
         ess = effective_sample_size(rec)
@@ -584,7 +584,7 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     means = {name: acc[name] / weight for name in info_names}
     finite = fin & jnp.all(jnp.isfinite(draws)) & jnp.all(jnp.isfinite(position(state)))
     peak_step = schedule.peak * eps if schedule.exploration is not None else base
-    return ChainOutput(state, draws, means, finite, mult_end * peak_step, max_noisy * mult_end / mult,
+    return ChainOutput(state, draws, means, finite, mult_end * peak_step, max_noisy * mult_end,
                        restarts, s_restarts, jnp.asarray(k, jnp.int32),
                        coef if noise is not None else None)
 
