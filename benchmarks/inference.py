@@ -104,12 +104,14 @@ def samplers(n: int, steps: int, batch: int, quick: bool) -> dict:
     """
     burn, draws = steps // 2, steps // 20
     out = {
-        "SGLD": SGLD(step_size=0.1 / n, num_burnin=burn, num_samples=draws, thinning=10, batch_size=batch),
+        "SGLD": SGLD(step_size=0.1 / n, num_burnin=burn, num_samples=draws, thinning=10, batch_size=batch,
+                     target_ess=0),
         "SGLD rmsprop": SGLD(step_size=0.1 / n, num_burnin=burn, num_samples=draws, thinning=10,
-                             batch_size=batch, preconditioner="rmsprop"),
-        "SGHMC": SGHMC(step_size=0.01 / n, num_burnin=burn, num_samples=draws, thinning=10, batch_size=batch),
+                             batch_size=batch, preconditioner="rmsprop", target_ess=0),
+        "SGHMC": SGHMC(step_size=0.01 / n, num_burnin=burn, num_samples=draws, thinning=10, batch_size=batch,
+                       target_ess=0),
         "CyclicalSGHMC": CyclicalSGHMC(step_size=0.1 / n, num_cycles=4, cycle_length=steps // 4,
-                                       samples_per_cycle=5, batch_size=batch),
+                                       samples_per_cycle=5, batch_size=batch, num_burnin=0, target_ess=0),
         "IASG": IASG(step_size=0.05, num_burnin=burn, steps_per_sample=10, num_samples=draws, batch_size=batch),
     }
     if quick:
@@ -144,7 +146,7 @@ def step_vs_gradient(model_name: str, model, X, y, batch: int, steps: int, repea
     backends = samplers(X.shape[0], steps, batch, quick)
     if adapted:  # the default: step size estimated by power iteration during burn-in
         backends["SGLD (adapted step)"] = SGLD(num_burnin=steps // 2, num_samples=steps // 20, thinning=10,
-                                               batch_size=batch)
+                                               batch_size=batch, target_ess=0)
     for name, backend in backends.items():
         run = jax.jit(lambda k, t, z, b=backend: b.run(k, pot, t, z))
         fns[name] = lambda run=run: jax.block_until_ready(run(key, target, z0))
@@ -164,7 +166,7 @@ def clients_vs_loop(X, y, K: int, steps: int, repeats: int, batch: int = 32) -> 
     pot = Potential(fp.models.softmax_regression(num_classes=10), fed.X[0], fed.y[0])
     targets = jax.vmap(lambda d: make_target(d, pot.dim))(fed.client_data())
     backend = SGHMC(step_size=0.01 / int(fed.sizes.max()), num_burnin=steps // 2, num_samples=steps // 20,
-                    thinning=10, batch_size=batch)
+                    thinning=10, batch_size=batch, target_ess=0)
     key = jax.random.PRNGKey(0)
     inits = jnp.zeros((K, pot.dim))
     vmapped = jax.jit(lambda k, t, z: backend.run_clients(k, pot, t, z))
@@ -225,12 +227,13 @@ def ess_per_second(quick: bool, repeats: int, chains: int = 4, batch: int = 32) 
     lam = float(np.max(np.abs(np.linalg.eigvalsh(np.asarray(H, np.float64)))))
     sg = {
         "SGHMC (eta = 0.005 / lam_max)": SGHMC(step_size=0.005 / lam, num_burnin=2000 // f,
-                                               num_samples=1000 // f, thinning=20, batch_size=batch),
+                                               num_samples=1000 // f, thinning=20, batch_size=batch,
+                                               target_ess=0),
         "CyclicalSGHMC (eta0 = 0.02 / lam_max)": CyclicalSGHMC(
             step_size=0.02 / lam, num_cycles=10, num_steps=20000 // f, exploration=0.5,
-            samples_per_cycle=100 // f, batch_size=batch),
+            samples_per_cycle=100 // f, batch_size=batch, num_burnin=0, target_ess=0),
     }
-    if not quick:   # the defaults (step sizes adapted during burn-in / at each cycle start)
+    if not quick:   # the defaults (step sizes adapted during burn-in, then frozen; ESS target on)
         sg["SGHMC (defaults)"] = SGHMC(num_burnin=2000, num_samples=1000, thinning=20, batch_size=batch)
         sg["CyclicalSGHMC (defaults)"] = CyclicalSGHMC(num_cycles=10, num_steps=20000, samples_per_cycle=100,
                                                        batch_size=batch)

@@ -50,8 +50,8 @@ import numpy as np
 
 from fedprob.posteriors import Samples
 from fedprob.protocols import ClientBackend, ClientResult
-from .sgmcmc import (chain_diagnostics, check_common, check_fraction, check_int, initial_position,
-                     log_density_and_grad, max_curvature, run_chain, step_info)
+from .sgmcmc import (chain_diagnostics, check_common, check_fraction, check_int, constant_schedule,
+                     initial_position, log_density_and_grad, max_curvature, run_chain, step_info)
 
 Array = jax.Array
 
@@ -96,7 +96,8 @@ class IASG(ClientBackend):
 
     Diagnostics: ``grad_norm`` (of the mean-loss gradient) and ``loss``
     (minibatch mean loss), both averaged over the sampling steps; ``nonfinite``
-    / ``finite``; ``ess``; ``step_size``; ``burnin_restarts`` (adapted step
+    / ``finite``; ``ess``; ``step_size``; ``stretch`` (always 1: IASG has no
+    ESS target); ``burnin_restarts`` / ``sampling_restarts`` (adapted step
     only, see :mod:`fedprob.inference.sgmcmc`).
     """
 
@@ -123,7 +124,7 @@ class IASG(ClientBackend):
         vg = log_density_and_grad(potential, target, self.batch_size)
         n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
 
-        def kernel(k, s, lr):
+        def kernel(k, s, lr, noisy=True):    # an optimizer: nothing is injected
             lp, g = vg(s.position, k)
             loss_grad = -g / n
             s = sgd_step(s, loss_grad, lr, self.momentum)
@@ -137,7 +138,7 @@ class IASG(ClientBackend):
 
         fixed = None if self.step_size is None else jnp.asarray(self.step_size, z0.dtype)
         out = run_chain(kernel, iasg_init(z0), k_run, num_burnin=self.num_burnin,
-                        num_samples=self.num_samples, steps_per_draw=self.steps_per_sample,
+                        schedule=constant_schedule(self.num_samples, self.steps_per_sample),
                         step_size=fixed, adapt=None if fixed is not None else adapt,
                         reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)),
                         reduce="mean")

@@ -26,8 +26,9 @@ import jax.numpy as jnp
 from fedprob.posteriors import Samples
 from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
-                     check_positive, gradient_noise_variance, initial_position, log_density_and_grad,
-                     noise_capped, run_chain, step_info)
+                     check_positive, constant_schedule, gradient_noise_diagnostic,
+                     gradient_noise_variance, initial_position, log_density_and_grad,
+                     resolve_target_ess, run_chain, step_info, noise_ratios)
 
 Array = jax.Array
 
@@ -82,11 +83,14 @@ class SGHMC(ClientBackend):
         ``1 / n_k``.
     friction: alpha in (0, 1] (momentum decay ``1 - alpha``).
     num_burnin, num_samples, thinning, batch_size, temperature,
-        max_gradient_noise, init_strategy: as in :class:`~fedprob.inference.SGLD`.
+        max_gradient_noise, init_strategy, target_ess, max_stretch: as in
+        :class:`~fedprob.inference.SGLD`.
 
     Diagnostics: those of SGLD (``grad_norm``, ``log_density``,
-    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``burnin_restarts``,
-    ``gradient_noise_ratio`` = ``eta tr Sigma_g / (2 alpha T d)``) and
+    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``stretch``,
+    ``burnin_restarts``, ``sampling_restarts``, ``gradient_noise_ratio`` =
+    ``eta max_i V_i / (2 alpha T)``, the worst coordinate's ratio of
+    minibatch-noise to injected-noise variance per step) and
     ``kinetic_temperature`` (see the module docstring).
     """
 
@@ -99,6 +103,8 @@ class SGHMC(ClientBackend):
     temperature: float = 1.0
     max_gradient_noise: Optional[float] = 0.1
     init_strategy: str = "prior"
+    target_ess: Optional[float] = None
+    max_stretch: int = 10
 
     output = "samples"
 
@@ -114,50 +120,73 @@ class SGHMC(ClientBackend):
         k_init, k_run, k_noise = jax.random.split(key, 3)
         z0 = initial_position(potential, k_init, init, self.init_strategy)
         vg = log_density_and_grad(potential, target, self.batch_size)
-        alpha, T = self.friction, self.temperature
+        out = run_sghmc(self, potential, target, vg, z0, k_run, SGHMC_RATE,
+                        constant_schedule(self.num_samples, self.thinning),
+                        resolve_target_ess(self.target_ess, self.num_samples))
+        return sghmc_result(self, out, vg, k_noise)
 
-        def kernel(k, s, eta):
-            kg, kn = jax.random.split(k)
-            lp, g = vg(s.position, kg)
-            s = sghmc_step(kn, s, g, eta, alpha, T)
-            info = step_info(lp, g, s.position)
-            info["kinetic"] = kinetic_temperature(s.momentum, eta, alpha)
-            return s, info
 
-        def adapt(k, s, start, iters):
-            return adapted_step_size(SGHMC_RATE, potential, target, self.batch_size, s.position, k,
-                                     None, start, iters)
+def sghmc_kernel(vg, friction, temperature):
+    """``kernel(key, state, eta, noisy) -> (state, info)``: one SGHMC step on ``vg``'s
+    gradient (``noisy`` False: no injected noise, i.e. momentum SGD), and its diagnostics."""
 
-        final = None
-        if self.batch_size is not None and T > 0:
-            def final(k, s, eta, looseness):
-                coef = sghmc_noise_coef(vg, s.position, k, alpha, T)
-                if self.max_gradient_noise is not None:
-                    eta = noise_capped(eta, coef, self.max_gradient_noise * looseness)
-                return eta, coef
+    def kernel(k, s, eta, noisy=True):
+        kg, kn = jax.random.split(k)
+        lp, g = vg(s.position, kg)
+        s = sghmc_step(kn, s, g, eta, friction, temperature * noisy)
+        info = step_info(lp, g, s.position)
+        info["kinetic"] = kinetic_temperature(s.momentum, eta, friction)
+        return s, info
 
-        fixed = None if self.step_size is None else jnp.asarray(self.step_size, z0.dtype)
-        out = run_chain(kernel, sghmc_init(z0), k_run, num_burnin=self.num_burnin,
-                        num_samples=self.num_samples, steps_per_draw=self.thinning,
-                        step_size=fixed, adapt=None if fixed is not None else adapt, final=final,
-                        reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)))
-        diag = chain_diagnostics(out)
-        diag["kinetic_temperature"] = jnp.mean(out.sample_info["kinetic"])
-        if self.batch_size is None:
-            ratio = jnp.zeros((), z0.dtype)
-        elif out.noise_coef is not None:
-            ratio = out.step_size * out.noise_coef
-        else:
-            ratio = out.step_size * sghmc_noise_coef(vg, out.state.position, k_noise, alpha, T)
-        diag["gradient_noise_ratio"] = ratio
-        return ClientResult(Samples(out.draws), out.state.position, diag)
+    return kernel
+
+
+def run_sghmc(backend, potential, target, vg, z0, key, rate, schedule, target_ess):
+    """SGHMC kernel on the chain runner, with ``backend``'s step size (or ``rate / lambda_max``),
+    friction, temperature, gradient-noise cap and burn-in (shared by SGHMC and cyclical SGHMC)."""
+    alpha, T = backend.friction, backend.temperature
+
+    def adapt(k, s, start, iters):
+        return adapted_step_size(rate, potential, target, backend.batch_size, s.position, k,
+                                 None, start, iters)
+
+    fixed = backend.step_size is not None
+    minibatch = backend.batch_size is not None and T > 0
+    return run_chain(sghmc_kernel(vg, alpha, T), sghmc_init(z0), key, num_burnin=backend.num_burnin,
+                     schedule=schedule,
+                     step_size=jnp.asarray(backend.step_size / schedule.peak, z0.dtype) if fixed else None,
+                     adapt=None if fixed else adapt,
+                     noise=sghmc_noise(vg, alpha, T) if (minibatch and not fixed) else None,
+                     max_noise=backend.max_gradient_noise,
+                     reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)),
+                     target_ess=target_ess, max_stretch=backend.max_stretch)
+
+
+def sghmc_result(backend, out, vg, key) -> ClientResult:
+    diag = chain_diagnostics(out)
+    diag["kinetic_temperature"] = out.means["kinetic"]
+    T = backend.temperature
+    noise = sghmc_noise(vg, backend.friction, T)
+    diag["gradient_noise_ratio"] = gradient_noise_diagnostic(
+        out, backend.batch_size if T > 0 else None, lambda s: noise(key, s))
+    return ClientResult(Samples(out.draws), out.state.position, diag)
+
+
+def sghmc_noise(vg, friction, temperature, num_pairs=8):
+    """``noise(key, state)``: each coordinate's ``V_i / (2 alpha T)``, minibatch over injected
+    noise variance per unit ``eta`` (see :mod:`fedprob.inference.sgmcmc`)."""
+
+    def noise(key, s):
+        var = gradient_noise_variance(lambda x, k: vg(x, k)[1], s.position, key, num_pairs)
+        return noise_ratios(var, 1.0 / (2.0 * friction * temperature))
+
+    return noise
 
 
 def sghmc_noise_coef(vg, z, key, friction, temperature, num_pairs=8):
-    """``tr Sigma_g / (2 alpha T d)``: minibatch over injected noise variance per unit ``eta``."""
-    var = gradient_noise_variance(lambda x, k: vg(x, k)[1], z, key, num_pairs)
-    return jnp.sum(var) / (2.0 * friction * temperature * z.shape[0])
+    """``max_i V_i / (2 alpha T)`` at ``z``: the worst coordinate's gradient-noise ratio per unit ``eta``."""
+    return jnp.max(sghmc_noise(vg, friction, temperature, num_pairs)(key, SGHMCState(z, jnp.zeros_like(z))))
 
 
 __all__ = ["SGHMC", "SGHMCState", "sghmc_init", "sghmc_step", "momentum_step", "kinetic_temperature",
-           "sghmc_noise_coef", "SGHMC_RATE"]
+           "sghmc_noise_coef", "sghmc_noise", "sghmc_kernel", "run_sghmc", "SGHMC_RATE"]

@@ -11,6 +11,7 @@ the per-point (mean) gradient as in Li et al.::
     G <- 1 / (lambda + sqrt(V))                    (elementwise, lambda = rmsprop_eps)
     w <- w + (eps_t / 2) G g + N(0, eps_t T G)
 
+``V`` is the second-moment statistic of ``optax.scale_by_rms`` (its ``nu``).
 Three documented choices: (1) ``V`` adapts during burn-in and is frozen for
 sampling, so the sampling phase is SGLD with a fixed diagonal metric and
 Li et al.'s Gamma correction term (the derivative of G) is exactly zero.
@@ -39,11 +40,14 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+import optax
+
 from fedprob.posteriors import Samples
 from fedprob.protocols import ClientBackend, ClientResult
 from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
-                     check_positive, gradient_noise_variance, initial_position, log_density_and_grad,
-                     noise_capped, run_chain, step_info)
+                     check_positive, constant_schedule, gradient_noise_diagnostic,
+                     gradient_noise_variance, initial_position, log_density_and_grad,
+                     resolve_target_ess, run_chain, step_info, noise_ratios)
 
 Array = jax.Array
 
@@ -93,11 +97,17 @@ def rmsprop_preconditioner(square_avg, eps=1e-5) -> Array:
     return (eps + jnp.mean(root)) / (eps + root)
 
 
+def rms_update(square_avg, gbar, decay) -> Array:
+    """``V <- decay V + (1 - decay) gbar^2``: ``optax.scale_by_rms``'s second-moment statistic."""
+    tx = optax.scale_by_rms(decay=decay, eps=1.0, eps_in_sqrt=False)   # (updates unused)
+    _, st = tx.update(gbar, optax.ScaleByRmsState(nu=square_avg))
+    return st.nu
+
+
 def psgld_step(key, state: PSGLDState, grad, step_size, temperature=1.0, decay=0.99, eps=1e-5,
                scale=1.0) -> PSGLDState:
     """One pSGLD step (see the module docstring); ``scale`` turns ``grad`` into ``gbar``."""
-    gbar = grad / scale
-    v = decay * state.square_avg + (1.0 - decay) * gbar * gbar
+    v = rms_update(state.square_avg, grad / scale, decay)
     G = rmsprop_preconditioner(v, eps)
     w = state.position
     noise = jax.random.normal(key, w.shape, w.dtype)
@@ -122,23 +132,32 @@ class SGLD(ClientBackend):
     preconditioner: ``None`` or ``"rmsprop"`` (pSGLD, with ``rmsprop_decay``
         and ``rmsprop_eps``; see the module docstring).
     max_gradient_noise: with minibatches, the adapted step is also capped so
-        that ``gradient_noise_ratio`` stays below this (``None``: no cap;
-        ignored for a given ``step_size``).
+        that the worst coordinate's gradient-noise ratio stays below this
+        (``None``: no cap; ignored for a given ``step_size``).
     init_strategy: start used when ``run`` gets ``init=None``: ``"prior"``
         (one prior draw) or ``"zeros"``.
+    target_ess, max_stretch: effective-sample-size target of the draws (worst
+        coordinate; ``None``: half of ``num_samples``; 0: off); the thinning
+        is multiplied by an integer up to ``max_stretch``, chosen from a pilot
+        autocorrelation estimate of the second half of burn-in. To raise a
+        client's ESS raise ``num_samples`` and ``target_ess`` (and
+        ``max_stretch``).
 
-    Minibatch noise inflates the variance: the gradient noise adds
-    ``(eps/2)^2 (n^2/b) V`` per step (``V`` the per-point gradient variance)
-    to the injected ``eps T``, a relative excess of about
-    ``eps n^2 V / (4 b T)``, reported as the diagnostic
-    ``gradient_noise_ratio`` and bounded by ``max_gradient_noise`` when the
-    step is adapted (then small batches of a large client give small steps:
-    check ``ess``).
+    Minibatch noise inflates the variance: in coordinate ``i`` the gradient
+    noise adds ``(eps/2)^2 G_i^2 V_i`` per step (``V_i`` the variance of the
+    minibatch gradient's coordinate, ``G`` the metric, 1 without
+    preconditioner) to the injected ``eps T G_i``, a relative excess variance
+    of about ``r_i = eps G_i V_i / (4 T)`` in that coordinate (the posterior
+    variance cancels; see :mod:`fedprob.inference.sgmcmc`). ``max_i r_i`` is
+    reported as the diagnostic ``gradient_noise_ratio`` and bounded by
+    ``max_gradient_noise`` when the step is adapted (then small batches of a
+    large client give small steps and a longer run: check ``ess``).
 
     Diagnostics: ``grad_norm``, ``log_density`` (means over the sampling
     steps), ``nonfinite`` / ``finite``, ``ess`` (smallest per-coordinate ESS
-    of the draws), ``step_size`` (of the sampling phase), ``burnin_restarts``
-    (burn-in windows rolled back after a NaN/inf, adapted step only),
+    of the draws), ``step_size`` (of the sampling phase), ``stretch``,
+    ``burnin_restarts`` / ``sampling_restarts`` (burn-in windows / sampling
+    blocks rolled back after a NaN/inf, adapted step only),
     ``gradient_noise_ratio``.
     """
 
@@ -153,6 +172,8 @@ class SGLD(ClientBackend):
     rmsprop_eps: float = 1e-5
     max_gradient_noise: Optional[float] = 0.1
     init_strategy: str = "prior"
+    target_ess: Optional[float] = None
+    max_stretch: int = 10
 
     output = "samples"
 
@@ -178,10 +199,10 @@ class SGLD(ClientBackend):
         if not pre:
             state = sgld_init(z0)
 
-            def kernel(k, s, eps):
+            def kernel(k, s, eps, noisy=True):
                 kg, kn = jax.random.split(k)
                 lp, g = vg(s.position, kg)
-                s = sgld_step(kn, s, g, eps, T)
+                s = sgld_step(kn, s, g, eps, T * noisy)
                 return s, step_info(lp, g, s.position)
 
             sample_kernel = kernel
@@ -190,10 +211,10 @@ class SGLD(ClientBackend):
             state = psgld_init(z0, vg(z0, k_g0)[1], n)
 
             def make_kernel(decay):
-                def kernel(k, s, eps):
+                def kernel(k, s, eps, noisy=True):
                     kg, kn = jax.random.split(k)
                     lp, g = vg(s.position, kg)
-                    s = psgld_step(kn, s, g, eps, T, decay, self.rmsprop_eps, n)
+                    s = psgld_step(kn, s, g, eps, T * noisy, decay, self.rmsprop_eps, n)
                     return s, step_info(lp, g, s.position)
                 return kernel
 
@@ -201,41 +222,32 @@ class SGLD(ClientBackend):
             kernel, sample_kernel = make_kernel(self.rmsprop_decay), make_kernel(1.0)
 
         def metric(s):
-            return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps) if pre else None
+            return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps) if pre else 1.0
 
-        def noise_coef(z, k, G):
-            """gradient_noise_ratio per unit step: sum G^2 var / (4 T sum G)."""
-            var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], z, k)
-            G = jnp.ones_like(var) if G is None else G
-            return jnp.sum(G * G * var) / (4.0 * T * jnp.sum(G))
+        def noise(k, s):
+            """Each coordinate's gradient-noise ratio per unit step: G_i V_i / (4 T)."""
+            var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], s.position, k)
+            return noise_ratios(var, metric(s) / (4.0 * T))
 
         def adapt(k, s, start, iters):
             return adapted_step_size(SGLD_RATE, potential, target, self.batch_size, s.position, k,
-                                     metric(s), start, iters)
+                                     metric(s) if pre else None, start, iters)
 
-        final = None
-        if self.batch_size is not None and T > 0:
-            def final(k, s, eps, looseness):
-                coef = noise_coef(s.position, k, metric(s))
-                if self.max_gradient_noise is not None:
-                    eps = noise_capped(eps, coef, self.max_gradient_noise * looseness)
-                return eps, coef
-
-        fixed = None if self.step_size is None else jnp.asarray(self.step_size, z0.dtype)
+        fixed = self.step_size is not None
+        minibatch = self.batch_size is not None and T > 0
         out = run_chain(kernel, state, k_run, num_burnin=self.num_burnin,
-                        num_samples=self.num_samples, steps_per_draw=self.thinning,
-                        step_size=fixed, adapt=None if fixed is not None else adapt, final=final,
-                        sample_kernel=sample_kernel)
+                        schedule=constant_schedule(self.num_samples, self.thinning),
+                        step_size=jnp.asarray(self.step_size, z0.dtype) if fixed else None,
+                        adapt=None if fixed else adapt,
+                        noise=noise if (minibatch and not fixed) else None,
+                        max_noise=self.max_gradient_noise,
+                        target_ess=resolve_target_ess(self.target_ess, self.num_samples),
+                        max_stretch=self.max_stretch, sample_kernel=sample_kernel)
         diag = chain_diagnostics(out)
-        if self.batch_size is None:
-            ratio = jnp.zeros((), z0.dtype)
-        elif out.noise_coef is not None:
-            ratio = out.step_size * out.noise_coef
-        else:
-            ratio = out.step_size * noise_coef(out.state.position, k_noise, metric(out.state))
-        diag["gradient_noise_ratio"] = ratio
+        diag["gradient_noise_ratio"] = gradient_noise_diagnostic(
+            out, self.batch_size if T > 0 else None, lambda s: noise(k_noise, s))
         return ClientResult(Samples(out.draws), out.state.position, diag)
 
 
 __all__ = ["SGLD", "SGLDState", "PSGLDState", "sgld_init", "sgld_step", "psgld_init", "psgld_step",
-           "rmsprop_preconditioner", "SGLD_RATE"]
+           "rmsprop_preconditioner", "rms_update", "SGLD_RATE"]

@@ -1,11 +1,12 @@
-"""Shared machinery of the stochastic-gradient MCMC backends.
+"""Shared machinery of the stochastic-gradient MCMC backends: one chain runner.
 
-The samplers (:mod:`.sgld`, :mod:`.sghmc`, :mod:`.cyclical_sghmc`,
-:mod:`.iasg`) are BlackJAX-style pairs of pure functions ``init`` / ``step``;
-this module turns a step into a client run: the stochastic gradient of the
-client's target, the scale-aware default step size, the ``lax.scan`` driver
-(burn-in, then draws every ``thinning`` steps, or the average of a block of
-iterates), and the per-client diagnostics.
+Every sampler (:mod:`.sgld`, :mod:`.sghmc`, :mod:`.cyclical_sghmc`,
+:mod:`.iasg`) is a BlackJAX-style kernel, a pair of pure functions ``init`` /
+``step``. :func:`run_chain` turns a kernel into a client run: burn-in with the
+step-size adaptation and NaN rollback, then a sampling phase described by a
+:class:`Schedule` (constant step with thinning or iterate averaging, or
+cosine cycles with noise-free exploration), the effective-sample-size target,
+and the per-client diagnostics. Everything is ``lax.scan`` / ``lax.fori_loop``.
 
 Conventions (shared by every sampler here):
 
@@ -21,45 +22,64 @@ Conventions (shared by every sampler here):
 * Noise is drawn once per step over the flat parameter vector.
 
 Scale-aware step sizes. With a sum loss the curvature of the target grows
-like the client's size ``n_k`` (and like ``1 / sigma^2`` in a regression
-with noise scale ``sigma``), and a stable step size shrinks accordingly. A
-step size of ``None`` therefore means *adapted to the target's curvature*::
-
-    step_size = rate / lambda_max
-
-with ``lambda_max`` the largest |eigenvalue| of the Hessian of the client's
-log target at the current point (in the sampler's metric), estimated by
+like the client's size ``n_k``, so a stable step shrinks accordingly. A step
+size of ``None`` means *adapted to the target's curvature*:
+``step = rate / lambda_max``, ``lambda_max`` the largest |eigenvalue| of the
+Hessian of the log target (in the sampler's metric), estimated by
 :func:`max_curvature` (power iteration on Hessian-vector products over one
-minibatch). It is estimated at the start point, re-estimated (warm-started)
-after every 50 burn-in steps, and the last estimate is frozen for sampling
-(:func:`run_chain`; cyclical SGHMC re-estimates its initial rate about every
-50 steps throughout). ``rate`` is the dimensionless product
-``step_size * lambda_max`` each sampler fixes; it bounds the
-discretisation bias in the stiffest direction. For a client of ``n_k``
-points on standardised data this is ``rate / (n_k h)``, ``h`` the largest
-per-point curvature, so the default carries over to any client size, prior
-share (``prior_weight``), likelihood weight and Gaussian term, and follows
-the curvature as the chain moves. A step adapted to the local curvature can
-still be too large where the chain goes next (momentum carries it into
-stiffer regions, e.g. towards a small regression noise scale): a burn-in
-window that produces NaN/inf is rolled back and every later step halved
-(diagnostic ``burnin_restarts``). A number given as ``step_size`` is used as
-it is, with no adaptation and no rollback.
+minibatch) at the start point and after every 50 burn-in steps
+(warm-started). ``rate`` is the dimensionless ``step * lambda_max`` each
+sampler fixes; it bounds the discretisation bias in the stiffest direction.
+**The step (and the gradient-noise cap below) is frozen at the end of
+burn-in**: a step that depends on the current state during sampling tilts
+the stationary density towards high curvature. A burn-in window that
+produces NaN/inf is rolled back and every later step halved (diagnostic
+``burnin_restarts``); in the sampling phase a block (the steps of one draw,
+or a cycle's exploration) that produces NaN/inf is rolled back the same
+way, its draw is the restored point, and it is counted in
+``sampling_restarts``, so a client never comes back NaN because one step
+went too far. A number given as ``step_size`` is used as it is, with no
+adaptation, no cap and no rollback.
 
-Minibatch noise. A minibatch gradient adds noise of covariance ``Sigma_g``
-(zero for the full batch); it inflates the sampled variance by about the
-ratio of the two noises per step (SGLD: ``(eps/2)^2 tr Sigma_g / (eps T d)``),
-which is linear in the step size. The adapted step is therefore also capped
-so that this ratio stays below ``max_gradient_noise`` (0.1 by default, about
-10% excess variance; 10 times that in the first half of burn-in, where the
-chain travels), with ``Sigma_g`` estimated from pairs of minibatch gradients
-(:func:`gradient_noise_variance`). With small batches of a large client the
-capped step is small (it scales like ``b / n_k^2``) and the chain slow:
-check the ``ess`` diagnostic, run longer or raise the batch size (or set
-``max_gradient_noise=None`` and accept over-dispersed draws). The diagnostic
-``gradient_noise_ratio`` reports the ratio at the end of burn-in (adapted
-step) or at the final point (given step); values near or above 1 mean
-over-dispersed draws.
+Minibatch noise, per coordinate. A minibatch gradient adds noise of
+per-coordinate variance ``V_i`` (zero for the full batch). For SGLD with
+metric ``G`` the update of coordinate ``i`` carries injected variance
+``eps T G_i`` and gradient-noise variance ``(eps/2)^2 G_i^2 V_i`` per step;
+the restoring drift is the same for both, so in a coordinate that is
+decoupled from the others the stationary variance is the exact one times
+``1 + r_i`` with ``r_i = eps G_i V_i / (4 T)`` (SGHMC: ``r_i = eta V_i / (2
+alpha T)``), *whatever the posterior variance of that coordinate*: the
+posterior variance cancels from the ratio. For correlated Gaussian targets
+whose gradient-noise covariance is proportional to the curvature (``V = c
+H``, the usual case near the mode: per-point Fisher = per-point Hessian) the
+excess covariance is ``(eps c / 4) I`` and its ratio to the marginal
+posterior variance ``T (H^-1)_ii`` is ``r_i / (H_ii (H^-1)_ii) <= r_i``. So
+the worst coordinate's ratio ``max_i r_i`` bounds the relative excess
+variance of every coordinate. The adapted step is capped so that ``max_i
+r_i <= max_gradient_noise`` (0.1: at most about 10% excess variance in any
+coordinate; 10 times looser in the first half of burn-in, where the chain
+travels); ``V`` is estimated from pairs of minibatch gradients
+(:func:`gradient_noise_variance`). The diagnostic ``gradient_noise_ratio``
+reports ``max_i r_i`` at the sampling step (for a given step size: at the
+final point). With small batches of a large client the capped step is
+small (it scales like ``b / n_k^2``): the ESS target below lengthens the run.
+
+Effective sample size. ``target_ess`` (a number; ``None``: half of
+``num_samples``; ``0``: off) asks for at least that many effective draws in
+the worst coordinate: a pilot estimate of the integrated autocorrelation
+time ``tau`` (in steps, from the positions of the second half of burn-in)
+sets how much the sampling phase is stretched (the thinning, or the cycle
+length, multiplied by an integer up to ``max_stretch``; shapes stay fixed,
+the loops run the chosen number of steps). The diagnostic ``ess`` is the
+smallest per-coordinate ESS of the draws (what an aggregator needs), and
+``stretch`` the factor used. To raise a client's ESS: raise
+``num_samples`` and ``target_ess`` (and ``max_stretch`` if ``stretch``
+sits at it). Cost: the stretch multiplies the sampling steps (not the cost of a
+step). With many parameters and few draws the smallest per-coordinate ESS of a
+short pilot is biased low and the stretch tends to ``max_stretch`` (cyclical
+SGHMC on a 650-parameter softmax regression with 12 draws: 10 times the
+sampling steps for about the same ESS); pass ``target_ess=0`` where a fixed
+number of steps matters more than the ESS.
 """
 from __future__ import annotations
 
@@ -68,6 +88,7 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedprob.validation import check_fraction, check_int, check_positive
 
@@ -79,7 +100,7 @@ INIT_STRATEGIES = ("prior", "prior_full", "zeros")
 # -- validation ------------------------------------------------------------------------------
 
 def check_common(backend) -> None:
-    """Checks shared by the SG-MCMC backends (batch size, temperature, init strategy)."""
+    """Checks shared by the SG-MCMC backends (batch size, temperature, init strategy, ESS target)."""
     bs = backend.batch_size
     if bs is not None:
         check_int("batch_size", bs, 1)
@@ -89,12 +110,22 @@ def check_common(backend) -> None:
         raise ValueError(f"unknown init_strategy {backend.init_strategy!r} "
                          f"(use one of {INIT_STRATEGIES})")
     check_positive("step_size", backend.step_size, allow_none=True)
+    if hasattr(backend, "target_ess"):
+        check_positive("target_ess", backend.target_ess, allow_none=True, allow_zero=True)
+        check_int("max_stretch", backend.max_stretch, 1)
+
+
+def resolve_target_ess(target_ess, num_samples: int) -> float:
+    """``None`` -> half the draws; otherwise the number, at most ``num_samples``."""
+    if target_ess is None:
+        return 0.5 * num_samples
+    return float(min(target_ess, num_samples))
 
 
 # -- targets and gradients -------------------------------------------------------------------
 
 def target_scale(target) -> Array:
-    """``likelihood_weight * n + c(precision)``, at least 1 (see the module docstring).
+    """``likelihood_weight * n + c(precision)``, at least 1.
 
     A crude bound on the target's curvature in units of one data point's
     (the fallback of :func:`adapted_step_size`).
@@ -131,7 +162,7 @@ def initial_position(potential, key, init, strategy: str) -> Array:
 
 
 def step_info(log_density: Array, grad: Array, position: Array) -> dict:
-    """Per-step scalars the driver records: log density, gradient norm, finiteness."""
+    """Per-step scalars the runner accumulates: log density, gradient norm, finiteness."""
     finite = jnp.isfinite(log_density) & jnp.all(jnp.isfinite(grad)) & jnp.all(jnp.isfinite(position))
     return {"log_density": log_density, "grad_norm": jnp.sqrt(jnp.sum(grad * grad)), "finite": finite}
 
@@ -208,132 +239,359 @@ def gradient_noise_variance(grad_fn: Callable, z: Array, key: Array, num_pairs: 
     return jnp.mean(0.5 * (g[:, 0] - g[:, 1]) ** 2, axis=0)
 
 
-def noise_capped(step_size: Array, coef: Array, max_ratio: Optional[float]) -> Array:
-    """``min(step_size, max_ratio / coef)``: the step at which ``step * coef`` (the
-    gradient-noise ratio, linear in the step) stays at most ``max_ratio``."""
-    if max_ratio is None:
-        return step_size
-    cap = max_ratio / jnp.where(coef > 0, coef, 1.0)
-    return jnp.where(coef > 0, jnp.minimum(step_size, cap.astype(step_size.dtype)), step_size)
+def noise_ratios(var: Array, scale) -> Array:
+    """``scale_i * var_i``: each coordinate's gradient-noise ratio per unit step (the runner
+    caps their maximum).
+
+    ``var`` the per-coordinate minibatch gradient variance, ``scale`` what turns it into the
+    ratio of gradient-noise to injected-noise variance per unit step in the sampler's metric
+    (SGLD: ``G / (4 T)``; SGHMC: ``1 / (2 alpha T)``; see the module docstring).
+    """
+    return scale * var
 
 
-# -- the scan driver -------------------------------------------------------------------------
+# -- schedules of the sampling phase -----------------------------------------------------------
+
+#: Burn-in steps between two recorded positions of the pilot (ESS target).
+PILOT_EVERY = 5
+#: Exploration (noise-free) steps of a cyclical schedule are capped this many times looser.
+EXPLORATION_LOOSENESS = EARLY_LOOSENESS
+#: Integrated autocorrelation times (pilot tau, in burn-in steps) the equilibration part of
+#: a cycle's noisy phase must cover: after the noise-free exploration the chain sits near a
+#: mode; for an AR(1)-like chain the variance deficit decays like exp(-4 t / tau) and the
+#: offset of the mean like exp(-2 t / tau) (0.25% and 5% left at t = 1.5 tau).
+CYCLE_RELAXATIONS = 1.5
+#: The pilot's tau is multiplied by this before the stretch is chosen: the ESS estimate of
+#: a short pilot is noisy, and the target is a floor.
+ESS_SAFETY = 1.5
+
+
+class Schedule(NamedTuple):
+    """The sampling phase (static): ``num_periods`` periods, each ``pre`` steps without a draw,
+    then one block per entry of ``gaps`` (that many steps) that gives one draw (the block's
+    last position, or its average). With ``exploration=None`` every step is noisy at the
+    frozen step; else a period is a cosine cycle: step ``j`` of a cycle of ``C`` steps runs
+    at ``peak / 2 * (cos(pi j / C) + 1)`` times the frozen (burn-in) step, noise-free for
+    ``j < ceil(exploration C)``. A stretch factor ``k`` (ESS target) multiplies ``pre``,
+    ``gaps`` and ``C`` alike; ``equilibrate`` is the fraction of a cycle's noisy phase (in
+    integrated step) before its first draw."""
+
+    num_periods: int
+    pre: int
+    gaps: tuple
+    peak: float = 1.0
+    exploration: Optional[float] = None
+    equilibrate: float = 0.0
+
+    @property
+    def period(self) -> int:
+        return self.pre + sum(self.gaps)
+
+    @property
+    def draws(self) -> int:
+        return len(self.gaps)
+
+    @property
+    def num_samples(self) -> int:
+        return self.num_periods * self.draws
+
+    @property
+    def num_explore(self) -> int:
+        return 0 if self.exploration is None else math.ceil(self.exploration * self.period)
+
+    def draw_steps(self) -> tuple:
+        """Within-period indices (unstretched) of the steps whose position ends a block."""
+        ends = self.pre + np.cumsum(self.gaps) - 1
+        return tuple(int(e) for e in ends)
+
+    def factor(self, j, k):
+        """``(multiplier, noisy)`` of within-period step ``j`` of a period stretched ``k`` times."""
+        if self.exploration is None:
+            return 1.0, True
+        length = self.period * k
+        mult = 0.5 * self.peak * (jnp.cos(jnp.pi * j / length) + 1.0)
+        return mult, j >= self.num_explore * k
+
+    def noisy_multipliers(self) -> np.ndarray:
+        """The multipliers of the noisy steps of one unstretched period."""
+        if self.exploration is None:
+            return np.ones(self.period)
+        j = np.arange(self.num_explore, self.period)
+        return 0.5 * self.peak * (np.cos(np.pi * j / self.period) + 1.0)
+
+
+def constant_schedule(num_samples: int, thinning: int) -> Schedule:
+    """A draw every ``thinning`` steps at the frozen step (SGLD, SGHMC, IASG)."""
+    return Schedule(1, 0, (thinning,) * num_samples)
+
+
+#: Fraction of a cycle's noisy phase (in integrated step) left to re-equilibrate after
+#: the noise-free exploration, before the first draw.
+EQUILIBRATE = 0.3
+
+
+def cyclical_schedule(num_cycles: int, cycle_length: int, exploration: float, samples_per_cycle: int,
+                      peak: float, equilibrate: float = EQUILIBRATE) -> Schedule:
+    """Cosine cycles (Zhang et al. 2020) with ``samples_per_cycle`` draws per cycle.
+
+    The draws are spread evenly in *integrated step* (``sum_j eta_j``, the time the
+    dynamics sees) over the noisy phase after its first ``equilibrate`` fraction, the last
+    at the cycle's last step: even spacing in steps would put several draws in the cycle's
+    tail, where the step is near 0 and they are nearly identical. When the noisy phase is
+    too short for distinct steps, the draws are its last ``samples_per_cycle`` steps.
+    """
+    C, s = cycle_length, samples_per_cycle
+    E = math.ceil(exploration * C)
+    if E >= C:       # no noisy step: snapshots at the end of the cycle, gap (C - E) // s = 1
+        ends = list(range(C - s, C))
+    else:
+        j = np.arange(E, C)
+        t = np.cumsum(0.5 * (np.cos(np.pi * j / C) + 1.0))
+        goals = t[-1] * (equilibrate + (1.0 - equilibrate) * np.arange(1, s + 1) / s)
+        ends = [int(E + np.searchsorted(t, g - 1e-9 * t[-1])) for g in goals]
+        ends[-1] = C - 1
+        if any(b <= a for a, b in zip(ends, ends[1:])) or ends[0] < 0:
+            ends = list(range(C - s, C))
+    gaps = tuple([1] + [b - a for a, b in zip(ends, ends[1:])])
+    return Schedule(num_cycles, ends[0], gaps, peak, exploration, equilibrate if E < C else 0.0)
+
+
+def stretch_factor(schedule: Schedule, tau: Array, target_ess: float, max_stretch: int,
+                   step_ratio: Array) -> Array:
+    """The integer stretch ``k`` in ``[1, max_stretch]`` that reaches ``target_ess``.
+
+    ``tau``: integrated autocorrelation time in steps of the burn-in step (times
+    ``ESS_SAFETY``). Constant schedule: ``S`` draws ``k * thinning`` steps apart give about
+    ``S k thinning / tau`` effective draws, so ``k = tau target / (S thinning)``. Cyclical:
+    a cycle's noisy phase covers ``k * sum_j step_ratio_j`` burn-in steps' worth of motion;
+    its first ``equilibrate`` fraction must cover ``CYCLE_RELAXATIONS`` relaxation times
+    (to forget the exploration's end point), and the rest of all cycles ``tau * target``.
+    """
+    tau = ESS_SAFETY * tau
+    if schedule.exploration is None:
+        need = tau * target_ess / schedule.period
+    else:
+        per_cycle = jnp.maximum(jnp.sum(step_ratio), 1e-12)
+        f = schedule.equilibrate
+        need = tau * target_ess / (schedule.num_periods * max(1.0 - f, 1e-3) * per_cycle)
+        if f > 0:
+            need = jnp.maximum(need, CYCLE_RELAXATIONS * tau / (f * per_cycle))
+    need = jnp.where(jnp.isfinite(need), need, float(max_stretch))
+    return jnp.clip(jnp.ceil(need), 1, max_stretch).astype(jnp.int32)
+
+
+# -- the chain runner ------------------------------------------------------------------------
 
 class ChainOutput(NamedTuple):
     state: object        # final sampler state
     draws: Array         # (num_samples, d)
-    burnin_info: dict    # name -> (num_burnin,) per-step values
-    sample_info: dict    # name -> (num_samples, steps_per_draw) per-step values
-    step_size: Array     # () step size of the sampling phase
-    restarts: Array      # () burn-in windows rolled back for NaN/inf (adapted step only)
-    noise_coef: Optional[Array] = None   # () gradient-noise ratio per unit step at the end of
-                                         # burn-in (from ``final``; None without it)
+    means: dict          # name -> () mean of the kernel's info over the noisy sampling steps
+    finite: Array        # () every sampling step finite (after rollbacks) and the draws finite
+    step_size: Array     # () peak step of the sampling phase (schedule.peak times the frozen step)
+    max_noisy_step: Array  # () largest step of the noisy sampling steps (after the cap)
+    restarts: Array      # () burn-in windows rolled back for NaN/inf
+    sampling_restarts: Array  # () sampling blocks rolled back for NaN/inf
+    stretch: Array       # () stretch factor of the sampling phase (ESS target)
+    noise_coef: Optional[Array] = None   # () worst-coordinate gradient-noise ratio per unit
+                                         # step at the end of burn-in (None without ``noise``)
 
 
-def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, num_samples: int,
-              steps_per_draw: int, step_size=None, adapt: Optional[Callable] = None,
-              final: Optional[Callable] = None, sample_kernel: Optional[Callable] = None,
-              adapt_every: int = ADAPT_EVERY, reset: Callable = lambda s: s,
-              position: Callable = lambda s: s.position, reduce: str = "last") -> ChainOutput:
-    """Burn-in, then ``num_samples`` blocks of ``steps_per_draw`` steps, one draw per block.
+def _where(ok, a, b):
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(ok, x, y), a, b)
 
-    ``kernel(key, state, step_size) -> (state, info)`` is one sampler step
-    (``info`` a dict of scalars); ``sample_kernel`` (default ``kernel``) the
-    step of the sampling phase. Either a fixed ``step_size``, or
-    ``adapt(key, state, start, num_iters) -> (step_size, eigenvector)``: then
-    the step size is estimated at the start point and re-estimated
-    (warm-started power iteration) at the end of every ``adapt_every``
-    burn-in steps; the last estimate is frozen for sampling. ``final(key,
-    state, step_size, looseness) -> (step_size, noise_coef)`` (the
-    gradient-noise cap), when given, acts on every estimate (the last
-    ``noise_coef`` is returned): ``looseness`` is 10 (a 10 times looser cap)
-    for the first half of the burn-in windows, where the chain travels, and 1
-    for the second half and for sampling, where it settles. A window that
-    produces NaN/inf is rolled back to ``reset(state at its start)`` and the
-    step multiplied by 1/2 from then on. (Leftover ``num_burnin mod
-    adapt_every`` steps run first, with the start estimate.)
-    A block's draw is its last position (``reduce="last"``: thinning) or the
-    average of its positions (``reduce="mean"``: iterate averaging, IASG).
-    Everything is ``lax.scan``.
+
+def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule: Schedule,
+              step_size=None, adapt: Optional[Callable] = None, noise: Optional[Callable] = None,
+              max_noise: Optional[float] = None, adapt_every: int = ADAPT_EVERY,
+              reset: Callable = lambda s: s, position: Callable = lambda s: s.position,
+              reduce: str = "last", target_ess: float = 0.0, max_stretch: int = 1,
+              sample_kernel: Optional[Callable] = None) -> ChainOutput:
+    """Burn-in, then the sampling phase of ``schedule``; returns a :class:`ChainOutput`.
+
+    ``kernel(key, state, step, noisy) -> (state, info)`` is one sampler step (``noisy`` False:
+    no injected noise; ``info`` a dict of scalars with at least ``finite``);
+    ``sample_kernel`` (default ``kernel``) the one of the sampling phase. The step is
+    either ``step_size`` (a number, used as it is) or ``adapt(key, state, start, num_iters) ->
+    (step, eigenvector)``: estimated at the start point and re-estimated (warm-started power
+    iteration) at the end of every ``adapt_every`` burn-in steps. ``noise(key, state) ->
+    ratios`` (with an adapted step) gives each coordinate's gradient-noise ratio per unit
+    step (averaged over the estimates of the second half of burn-in); with ``coef`` their
+    maximum the step is capped at ``max_noise / coef`` (10 times looser in the first half of
+    burn-in and for noise-free steps). Step and cap are FROZEN at the end of burn-in. Burn-in
+    windows and sampling blocks that produce NaN/inf are rolled back to ``reset(state at
+    their start)`` and every later step halved (adapted step only). A block's draw is its
+    last position (``reduce="last"``) or the average of its positions (``"mean"``). With
+    ``target_ess > 0`` the sampling phase is stretched (:func:`stretch_factor`) from the
+    pilot autocorrelation time of the second half of burn-in (recorded every
+    ``PILOT_EVERY`` steps).
     """
     if reduce not in ("last", "mean"):
         raise ValueError(f"reduce must be 'last' or 'mean', got {reduce!r}")
     if (step_size is None) == (adapt is None):
         raise ValueError("give exactly one of step_size and adapt")
+    adaptive = adapt is not None
     sample_kernel = kernel if sample_kernel is None else sample_kernel
+    capped = adaptive and noise is not None and max_noise is not None
     k_burn, k_draw, k_adapt = jax.random.split(key, 3)
+    pos0 = position(state)
+    dtype = pos0.dtype
+    inf = jnp.array(jnp.inf, dtype)
 
-    def steps(s, keys, eps, kern=kernel):
-        return jax.lax.scan(lambda c, k: kern(k, c, eps), s, keys)
+    def steps(s, keys, eps):
+        return jax.lax.scan(lambda c, k: kernel(k, c, eps, True), s, keys)
 
-    burn_info = None
-    restarts = jnp.zeros((), jnp.int32)
-    coef = None
-    if adapt is None:
-        eps = jnp.asarray(step_size)
-        if num_burnin:
-            state, burn_info = steps(state, jax.random.split(k_burn, num_burnin), eps)
-    else:
-        nw, rest = divmod(num_burnin, adapt_every)
+    # -- burn-in: windows of adapt_every steps, re-estimating the step and the cap ----------
+    nw, rest = divmod(num_burnin, adapt_every)
+    pilot_on = target_ess > 0 and max_stretch > 1 and nw >= 2 and adapt_every % PILOT_EVERY == 0
 
-        def estimate(k, s, v, looseness):
-            k_curv, k_cap = jax.random.split(k)
+    def looseness(j):
+        return jnp.where(j >= nw // 2, 1.0, EARLY_LOOSENESS)
+
+    def estimate(k, s, v, j, vacc, cnt):
+        """Step, eigenvector, noise ratios, cap; the per-coordinate noise ratios are averaged
+        over the estimates of the second half of burn-in (``vacc / cnt``): a single estimate
+        from a few gradient pairs is noisy, and its maximum over coordinates biased low or high."""
+        k_curv, k_cap = jax.random.split(k)
+        if adaptive:
             e, v = adapt(k_curv, s, v, POWER_ITERS if v is None else WARM_ITERS)
-            coef = jnp.zeros((), e.dtype)
-            if final is not None:
-                e, coef = final(k_cap, s, e, looseness)
-            return e, v, coef
+        else:
+            e = jnp.asarray(step_size, dtype)
+        if noise is not None:
+            ratios = noise(k_cap, s).astype(dtype)
+            late = jnp.asarray(j) >= nw // 2
+            vacc = jnp.where(late, vacc + ratios, vacc)
+            cnt = cnt + late.astype(dtype)
+            coef = jnp.max(jnp.where(late, vacc / jnp.maximum(cnt, 1.0), ratios))
+        else:
+            coef = jnp.zeros((), dtype)
+        cap = inf
+        if capped:
+            cap = jnp.where(coef > 0, max_noise / jnp.where(coef > 0, coef, 1.0), inf).astype(dtype)
+        return e.astype(dtype), v, coef.astype(dtype), cap, cap * looseness(j), vacc, cnt
 
-        def looseness(j):
-            # window j (j = nw: the sampling phase) caps the gradient noise loosely in the
-            # first half of burn-in
-            return jnp.where(j >= nw // 2, 1.0, EARLY_LOOSENESS)
+    k_first, k_rest, k_win = jax.random.split(k_adapt, 3)
+    vacc, cnt = jnp.zeros_like(pos0), jnp.zeros((), dtype)
+    eps, v, coef, cap, cap_now, vacc, cnt = estimate(k_first, state, None, 0, vacc, cnt)
+    v = jnp.zeros_like(pos0) if v is None else v
+    mult = jnp.ones((), dtype)
+    restarts = jnp.zeros((), jnp.int32)
+    if rest:
+        state, _ = steps(state, jax.random.split(k_rest, rest), jnp.minimum(eps, cap_now))
+    records = None
+    if nw:
+        R = adapt_every // PILOT_EVERY if pilot_on else 1
+        chunk = adapt_every // R
 
-        k_first, k_rest, k_win = jax.random.split(k_adapt, 3)
-        eps, v, coef = estimate(k_first, state, None, looseness(0))
-        if rest:
-            state, burn_info = steps(state, jax.random.split(k_rest, rest), eps)
-        mult = jnp.ones((), eps.dtype)
-        if nw:
-            def window(carry, xs):
-                s, e, v, m, r, _ = carry
-                ks, j = xs
-                s_new, info = steps(s, jax.random.split(ks[0], adapt_every), e * m)
-                # A window that produced NaN/inf is rolled back (reset, e.g. zero
-                # momentum) and the step multiplier halved.
-                ok = jnp.all(info["finite"])
-                s = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), s_new, reset(s))
+        def window(carry, xs):
+            s, e, v, m, r, coef, cap, cap_now, vacc, cnt = carry
+            ks, j = xs
+            b = m * jnp.minimum(e, cap_now)
+
+            def part(c, kk):
+                c, info = steps(c, jax.random.split(kk, chunk), b)
+                return c, (position(c), jnp.all(info["finite"]))
+
+            s_new, (rec, fin) = jax.lax.scan(part, s, jax.random.split(ks[0], R))
+            if adaptive:
+                ok = jnp.all(fin)
+                s = _where(ok, s_new, reset(s))
                 m = jnp.where(ok, m, 0.5 * m)
-                e, v, c = estimate(ks[1], s, v, looseness(j + 1))   # for the next window
-                return (s, e, v, m, r + (~ok).astype(jnp.int32), c), info
+                r = r + (~ok).astype(jnp.int32)
+            else:
+                s = s_new
+            e, v2, coef, cap, cap_now, vacc, cnt = estimate(ks[1], s, v if adaptive else None, j + 1,
+                                                            vacc, cnt)
+            v = v2 if adaptive else v
+            return (s, e, v, m, r, coef, cap, cap_now, vacc, cnt), rec
 
-            keys = jnp.stack([jax.random.split(k_burn, nw), jax.random.split(k_win, nw)], axis=1)
-            carry = (state, eps, v, mult, restarts, coef)
-            (state, eps, v, mult, restarts, coef), info = jax.lax.scan(
-                window, carry, (keys, jnp.arange(nw)))
-            info = jax.tree_util.tree_map(lambda a: a.reshape(-1), info)
-            burn_info = info if burn_info is None else jax.tree_util.tree_map(
-                lambda a, b: jnp.concatenate([a, b]), burn_info, info)
-        eps = eps * mult
+        keys = jnp.stack([jax.random.split(k_burn, nw), jax.random.split(k_win, nw)], axis=1)
+        carry = (state, eps, v, mult, restarts, coef, cap, cap_now, vacc, cnt)
+        (state, eps, v, mult, restarts, coef, cap, _, _, _), records = jax.lax.scan(
+            window, carry, (keys, jnp.arange(nw)))
 
-    def block(s, k):
-        keys = jax.random.split(k, steps_per_draw)
-        if reduce == "last":
-            s, info = steps(s, keys, eps, sample_kernel)
-            return s, (position(s), info)
+    # -- frozen step and cap; the stretch from the pilot -----------------------------------
+    base = jnp.minimum(eps, cap)                     # the burn-in step at the end of burn-in
+    noisy_mult = jnp.asarray(schedule.noisy_multipliers(), dtype)
+    noisy_steps = jnp.minimum(eps * noisy_mult, cap)
+    max_noisy = jnp.max(noisy_steps) if noisy_mult.size else jnp.zeros((), dtype)
+    if pilot_on:
+        rec = records[nw // 2:].reshape(-1, pos0.shape[0])
+        ess = effective_sample_size(rec)
+        tau = PILOT_EVERY * rec.shape[0] / jnp.maximum(jnp.min(ess), 1e-3)
+        tau = jnp.where(jnp.all(jnp.isfinite(rec)), tau, 1.0)
+        ratio = noisy_steps / jnp.where(base > 0, base, 1.0)
+        k = stretch_factor(schedule, tau, target_ess, max_stretch, ratio)
+    else:
+        k = 1
 
-        def one(carry, kk):
-            c, acc = carry
-            c, info = sample_kernel(kk, c, eps)
-            return (c, acc + position(c)), info
+    # -- sampling phase ---------------------------------------------------------------------
+    info_names = None
 
-        (s, acc), info = jax.lax.scan(one, (s, jnp.zeros_like(position(s))), keys)
-        return s, (acc / steps_per_draw, info)
+    def run_steps(s, m, key, j0, n):
+        """``n`` steps from within-period index ``j0``; returns state, sums, positions' sum, ok."""
 
-    state, (draws, sample_info) = jax.lax.scan(block, state, jax.random.split(k_draw, num_samples))
-    if burn_info is None:
-        burn_info = jax.tree_util.tree_map(lambda a: a.reshape(-1)[:0], sample_info)
-    return ChainOutput(state, draws, burn_info, sample_info, eps, restarts, coef)
+        def body(i, c):
+            s, acc, psum, ok = c
+            j = j0 + i
+            f, noisy = schedule.factor(j, k)
+            step = jnp.minimum(eps * f, jnp.where(noisy, cap, EXPLORATION_LOOSENESS * cap)) * m
+            s, info = sample_kernel(jax.random.fold_in(key, i), s, step.astype(dtype), noisy)
+            w = jnp.asarray(noisy, dtype) if schedule.exploration not in (None, 1.0) else jnp.ones((), dtype)
+            acc = {name: acc[name] + jnp.where(w > 0, w * jnp.asarray(info[name], dtype), 0.0)
+                   for name in acc if name != "weight"} | {"weight": acc["weight"] + w}
+            if reduce == "mean":
+                psum = psum + position(s)
+            return s, acc, psum, ok & info["finite"]
+
+        acc0 = {name: jnp.zeros((), dtype) for name in info_names} | {"weight": jnp.zeros((), dtype)}
+        return jax.lax.fori_loop(0, n, body, (s, acc0, jnp.zeros_like(pos0), jnp.array(True)))
+
+    def block(carry, key, j0, n):
+        s, m, r, acc, fin = carry
+        s_new, a, psum, ok = run_steps(s, m, key, j0, n)
+        if adaptive:
+            s_new = _where(ok, s_new, reset(s))
+            r = r + (~ok).astype(jnp.int32)
+            a = _where(ok, a, jax.tree_util.tree_map(jnp.zeros_like, a))
+            m_next = jnp.where(ok, m, 0.5 * m)
+        else:
+            m_next = m
+            fin = fin & ok
+        acc = jax.tree_util.tree_map(jnp.add, acc, a)
+        if reduce == "mean":
+            draw = jnp.where(ok, psum / n, position(s_new)) if adaptive else psum / n
+        else:
+            draw = position(s_new)
+        return (s_new, m_next, r, acc, fin), draw
+
+    def period(carry, key):
+        k_pre, k_blocks = jax.random.split(key)
+        if schedule.pre:
+            carry, _ = block(carry, k_pre, 0, schedule.pre * k)
+
+        def one(c, xs):
+            kb, j0, n = xs
+            return block(c, kb, j0 * k, n * k)
+
+        starts = schedule.pre + np.concatenate([[0], np.cumsum(schedule.gaps)[:-1]])
+        return jax.lax.scan(one, carry, (jax.random.split(k_blocks, schedule.draws),
+                                         jnp.asarray(starts, jnp.int32),
+                                         jnp.asarray(schedule.gaps, jnp.int32)))
+
+    _, probe = jax.eval_shape(lambda s: sample_kernel(k_draw, s, eps, True), state)
+    info_names = [name for name in probe if name != "finite"]
+    acc0 = {name: jnp.zeros((), dtype) for name in info_names} | {"weight": jnp.zeros((), dtype)}
+    carry = (state, mult, jnp.zeros((), jnp.int32), acc0, jnp.array(True))
+    (state, mult_end, s_restarts, acc, fin), draws = jax.lax.scan(
+        period, carry, jax.random.split(k_draw, schedule.num_periods))
+    draws = draws.reshape(-1, pos0.shape[0])
+    weight = jnp.maximum(acc["weight"], 1.0)
+    means = {name: acc[name] / weight for name in info_names}
+    finite = fin & jnp.all(jnp.isfinite(draws)) & jnp.all(jnp.isfinite(position(state)))
+    peak_step = schedule.peak * eps if schedule.exploration is not None else base
+    return ChainOutput(state, draws, means, finite, mult_end * peak_step, max_noisy * mult_end,
+                       restarts, s_restarts, jnp.asarray(k, jnp.int32),
+                       coef if noise is not None else None)
 
 
 # -- diagnostics -----------------------------------------------------------------------------
@@ -365,38 +623,41 @@ def effective_sample_size(draws: Array) -> Array:
     return jnp.where(moving, S / tau, float(S))
 
 
-def chain_diagnostics(out: ChainOutput, step_size=None) -> dict:
+def chain_diagnostics(out: ChainOutput) -> dict:
     """Scalar diagnostics of one client's chain.
 
-    grad_norm / log_density: means over the sampling phase of the gradient
-    norm and the (stochastic) log density; nonfinite: any NaN/inf seen in the
-    log density, gradient or position of the sampling phase or in the draws
-    (``finite`` is its negation; burn-in failures are rolled back and counted
-    in ``burnin_restarts``);
-    ess: the smallest per-coordinate effective sample size of the draws;
-    step_size: the step size of the sampling phase; burnin_restarts: burn-in
-    windows rolled back after a NaN/inf (adapted step sizes).
+    grad_norm / log_density: means over the noisy sampling steps of the gradient norm and the
+    (stochastic) log density; nonfinite: any NaN/inf left in the sampling phase or the draws
+    (``finite`` is its negation; failures of an adapted chain are rolled back and counted in
+    ``burnin_restarts`` / ``sampling_restarts``); ess: the smallest per-coordinate effective
+    sample size of the draws; step_size: the (peak) step of the sampling phase; stretch: the
+    factor by which the sampling phase was lengthened to reach ``target_ess``.
     """
-    step_size = out.step_size if step_size is None else step_size
-    si = out.sample_info
-    # Burn-in windows that failed were rolled back (counted in burnin_restarts);
-    # a failure that was not shows up in the sampling phase.
-    finite = (jnp.all(si["finite"]) & jnp.all(jnp.isfinite(out.draws))
-              & jnp.all(jnp.isfinite(out.state.position)))
     ess = effective_sample_size(out.draws)
-    return {
-        "grad_norm": jnp.mean(si["grad_norm"]),
-        "log_density": jnp.mean(si["log_density"]),
-        "nonfinite": ~finite,
-        "finite": finite,
+    diag = {name: out.means[name] for name in ("grad_norm", "log_density")}
+    return diag | {
+        "nonfinite": ~out.finite,
+        "finite": out.finite,
         "ess": jnp.where(jnp.all(jnp.isfinite(ess)), jnp.min(ess), 0.0),
-        "step_size": jnp.asarray(step_size, jnp.result_type(float)),
+        "step_size": jnp.asarray(out.step_size, jnp.result_type(float)),
         "burnin_restarts": out.restarts,
+        "sampling_restarts": out.sampling_restarts,
+        "stretch": out.stretch,
     }
 
 
+def gradient_noise_diagnostic(out: ChainOutput, batch_size, coef_at_end: Callable) -> Array:
+    """``gradient_noise_ratio``: the worst coordinate's ratio at the largest noisy sampling step
+    (0 for the full batch); ``coef_at_end(state)`` when the run did not estimate it."""
+    if batch_size is None:
+        return jnp.zeros((), out.max_noisy_step.dtype)
+    coef = out.noise_coef if out.noise_coef is not None else jnp.max(coef_at_end(out.state))
+    return out.max_noisy_step * coef
+
+
 __all__ = [
-    "ChainOutput", "run_chain", "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics",
-    "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_capped",
-    "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES",
+    "ChainOutput", "run_chain", "Schedule", "constant_schedule", "cyclical_schedule", "stretch_factor",
+    "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics", "gradient_noise_diagnostic",
+    "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_ratios",
+    "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES", "resolve_target_ess",
 ]

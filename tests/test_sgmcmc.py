@@ -114,11 +114,10 @@ SAMPLERS = {
     "pSGLD": SGLD(preconditioner="rmsprop", **SHORT),
     "SGHMC": SGHMC(**SHORT),
     "SGHMC-minibatch": SGHMC(batch_size=16, **SHORT),
-    # Draws come from the end of the sampling phase (the last 20% of a cycle by default), which
-    # must re-spread the chain after the noise-free exploration: with the default cycle length
-    # (500) the sds come out about 0.88 of the exact ones here (0.77 with cycles of 200, 1.0
-    # with exploration 0.5), so 40 default cycles; with minibatches the noisy steps are also
-    # capped (gradient-noise ratio <= 0.1), hence exploration 0.5 there.
+    # Draws come from the noisy part of each cycle, which must re-spread the chain after the
+    # noise-free exploration; 40 cycles of 2 draws (the defaults themselves are tested in
+    # test_sgmcmc_defaults.py); with minibatches the noisy steps are also capped
+    # (worst coordinate's gradient-noise ratio <= 0.1).
     "CyclicalSGHMC": CyclicalSGHMC(num_cycles=40, samples_per_cycle=2),
     "CyclicalSGHMC-minibatch": CyclicalSGHMC(num_cycles=40, cycle_length=200, samples_per_cycle=2,
                                              exploration=0.5, batch_size=16),
@@ -260,10 +259,17 @@ def test_cyclical_schedule_values():
                                [eta0, eta0 / 2, eta0], rtol=1e-6)
     flags = np.asarray(is_exploration(t, C, 0.8))
     np.testing.assert_array_equal(flags, np.mod(t - 1, C) < 8)
+    # draws evenly spaced in integrated step (sum of eta_t) over the noisy phase (steps 80..99)
+    # after its first 30%, the last at the cycle's last step: (84, 86, 89, 99), not the
+    # equal-step spacing (84, 89, 94, 99) whose last draws sit where the step is near 0
     b = CyclicalSGHMC(cycle_length=100, exploration=0.8, samples_per_cycle=4)
-    assert b.sample_steps() == (84, 89, 94, 99)          # gap (100 - 80) // 4 = 5, last step 99
+    j = np.arange(80, 100)
+    cum = np.cumsum(np.cos(np.pi * j / 100) + 1)
+    expect = [80 + int(np.argmax(cum >= cum[-1] * (0.3 + 0.7 * i / 4) - 1e-9)) for i in (1, 2, 3)] + [99]
+    assert b.sample_steps() == tuple(expect) == (84, 86, 89, 99)
+    assert CyclicalSGHMC(cycle_length=20, exploration=1.0, samples_per_cycle=2).sample_steps() == (18, 19)
     assert CyclicalSGHMC(num_steps=1001, num_cycles=4).length == 251
-    assert CyclicalSGHMC().num_samples == 20
+    assert CyclicalSGHMC().num_samples == 100
 
 
 def test_cyclical_exploration_injects_no_noise():
@@ -271,7 +277,7 @@ def test_cyclical_exploration_injects_no_noise():
     momentum SGD with the cosine schedule (float32 rounding apart)."""
     C, cycles, eta0, alpha = 20, 2, 2e-3, 0.3
     kw = dict(step_size=eta0, num_cycles=cycles, cycle_length=C, exploration=1.0, samples_per_cycle=2,
-              friction=alpha)
+              friction=alpha, num_burnin=0)
     hot = run_chains(CyclicalSGHMC(temperature=5.0, **kw), chains=1).posterior.draws[0]
     grad = jit(jax.grad(lambda w: POT.log_density(w, TARGET)))
     s, snaps = sghmc_init(jnp.zeros(D)), []
