@@ -206,7 +206,7 @@ class SVI(ClientBackend):
     """
 
     guide: str = "normal"
-    num_steps: int = 1000
+    num_steps: int = 2000
     optimizer: Optional[Any] = None
     learning_rate: float = 0.02
     num_particles: int = 1

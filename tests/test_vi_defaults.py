@@ -132,6 +132,12 @@ def test_defaults_on_three_clients_of_4000_rows(name):
     run_big(name, 4000)
 
 
+def test_ivon_default_far_from_the_mode():
+    """Regression: started ~150 posterior sds from the mode, the previous IVON defaults
+    (h0 = 1, from ``init``) ended 56 sds off on this draw; now it starts at the mode."""
+    run_big("ivon", 2000, seed=1)
+
+
 # -- the pieces ---------------------------------------------------------------------------------
 def test_ivon_hess_init_is_the_per_point_curvature():
     """h0 = diag(A) - u for the quadratic mean loss z'Az/2 (so lambda (h0 + delta) = lambda diag(A - U + Delta))."""
