@@ -24,8 +24,10 @@ Shen et al. (BayesADMM's Alg. 2 omits it); ``clip`` (radius ``r``)
 is the optional elementwise clipping of Shen et al. (off in the pure
 functions, radius 1 in the :class:`IVON` backend).
 
-Pure functions: :func:`ivon_init`, :func:`ivon_step`, :func:`ivon_solve`
-(a ``lax.scan`` of steps), :func:`ivon_gaussian`; :func:`bayes_admm_client_inputs`
+Pure functions: :func:`ivon_init`, :func:`ivon_hess_init` (``h0`` from the
+exact diagonal curvature), :func:`ivon_step`, :func:`ivon_run` /
+:func:`ivon_solve` (a ``lax.scan`` of steps with tail averages of ``m`` and
+``h``), :func:`ivon_gaussian`; :func:`bayes_admm_client_inputs`
 maps a BayesADMM client's duals and global posterior to :class:`IVONInputs`;
 :func:`local_target_inputs` maps a fedprob LocalTarget (see :class:`IVON`).
 """
@@ -297,15 +299,30 @@ class IVON(ClientBackend):
 
     Maps the LocalTarget to IVON's objective with :func:`local_target_inputs`
     (``lambda = ess``, default the client's ``n``: then IVON minimises
-    ``-ELBO`` of the target over diagonal Gaussians), runs ``num_steps``
-    steps from mean ``init`` and returns ``Gaussian(linear = S m,
-    precision = S)`` with ``S = lambda (h + delta)``: ``lambda h`` is the
-    expected curvature of the likelihood and model-prior terms (and of the
-    negative part of the Gaussian term), ``lambda delta`` the positive
-    part of the Gaussian term's diagonal precision. ``params = m``;
-    diagnostics: ``loss`` (the mean loss ``l`` of :func:`local_target_inputs`
-    at the sampled parameters, averaged over the last 10% of steps; the
-    Gaussian term is not included) and ``nonfinite``.
+    ``-ELBO`` of the target over diagonal Gaussians), finds the mode from
+    ``init`` (``map_steps``), sets ``h0`` from the curvature there
+    (:func:`ivon_hess_init`), runs ``num_steps`` steps and returns
+    ``Gaussian(linear = S m, precision = S)`` with ``S = lambda (h + delta)``
+    and ``m, h`` averaged over the last ``average_fraction`` of the steps:
+    ``lambda h`` is the expected curvature of the likelihood and model-prior
+    terms (and of the negative part of the Gaussian term), ``lambda delta``
+    the positive part of the Gaussian term's diagonal precision.
+    ``params = m``; diagnostics: ``loss`` (the mean loss ``l`` of
+    :func:`local_target_inputs` at the sampled parameters, averaged over the
+    last 10% of steps; the Gaussian term is not included), ``mean_drift``
+    (change of the mean ``m`` between the last two windows of
+    ``num_steps // 10`` steps, in posterior sds), ``converged``
+    (``mean_drift < 0.1``), ``num_steps_run`` and ``nonfinite``.
+
+    Why the defaults carry across client sizes: with ``h`` the per-point
+    curvature ``H`` (from the start), the step ``alpha g / (h + delta)`` is
+    the fraction ``alpha`` of a Newton step, and near the optimum
+    ``g ~ H sigma eps`` makes it ``alpha sigma eps``: a fraction of a
+    posterior sd, whatever ``n``. So neither ``alpha`` nor the clip radius
+    needs to scale with ``n``; what must not be a constant is ``h0`` (and
+    the start must be near the mode, see ``map_steps``). The averages of
+    ``h`` over the tail remove the noise of its ``1 / (1 - beta2)``-step
+    exponential average (one-draw estimates with relative sd near 1).
 
     Parameters
     ----------
@@ -320,13 +337,13 @@ class IVON(ClientBackend):
         al.'s 0.99999 suits runs of ~10^6 steps; over a few thousand local
         steps ``h`` would stay near ``hess_init``.)
     hess_init: initial ``h`` (per-data-point curvature). ``None`` (default)
-        takes the curvature at the starting point: ``h0 = diag(H) / lambda -
-        delta`` with ``H = -hess log pi_lambda`` over the client's data (the
-        exact diagonal, from d Hessian-vector products), so that the first
-        precision ``lambda (h0 + delta)`` is the Laplace diagonal. A constant
-        is wrong by the client's scale: the per-point curvature of a
-        regression with inputs of size 2 and noise sd 0.5 is about 20, and
-        ``h0 = 1`` makes the first Newton-like steps 20 times too long.
+        takes the curvature at the starting point, :func:`ivon_hess_init`
+        (``h0 = diag hess l - u``, exact, from d Hessian-vector products on
+        the client's data or one minibatch), so that the first precision
+        ``lambda (h0 + delta)`` is the Laplace diagonal. A constant is wrong
+        by the client's scale: the per-point curvature of a regression with
+        inputs near 2 and noise sd 0.5 is about 20, and ``h0 = 1`` makes the
+        first Newton-like steps 20 times too long.
     map_steps: steps of the mode search of ``pi_lambda``
         (:func:`fedprob.inference.optim.minimize`: L-BFGS, or Adam with
         ``batch_size``) that gives IVON's starting mean; 0 starts at ``init``.
@@ -339,6 +356,8 @@ class IVON(ClientBackend):
     ess: effective sample size lambda; ``None`` is the client's ``n``.
     mc_samples: draws of ``theta`` per step.
     batch_size: minibatch rows per step, ``None`` for the full batch.
+    average_fraction: the last fraction of steps over which ``m`` and ``h``
+        are averaged (0: the last iterate).
     clip_radius: elementwise clip of the preconditioned step (``inf``: none).
         The default 1.0 keeps the first steps bounded while ``h`` is still far
         below the true curvature (an underestimated ``hess_init`` otherwise
