@@ -52,13 +52,17 @@ so ``run`` jits and vmaps over ``(key, target, init)``. Default optimizer:
 Adam with a cosine decay from ``learning_rate`` to ``learning_rate *
 final_lr_fraction``; the returned guide is the Polyak average of the
 (constrained) guide parameters over the last ``average_fraction`` of the
-steps, which removes most of the iterate noise of the stochastic ELBO.
+steps, which removes most of the iterate noise of the stochastic ELBO: on
+Gaussian targets the averaged mean is off by about ``1 / sqrt(num_steps *
+average_fraction)`` posterior sds per coordinate (0.03 at the defaults, 0.1
+at worst over coordinates, clients and seeds in the tests).
 Convergence is reported, not used to stop (a fixed budget keeps vmapped
 clients in lock step): with ``w = num_steps // 10``, ``mean_drift`` is the
 largest change of the guide mean between the last two windows of ``w``
 steps in posterior sds, ``elbo_change`` the change of the mean ELBO between
 them, and ``converged = mean_drift < 0.1 and |elbo_change| < max(3 se,
-1e-3 |elbo|)`` (``se`` the standard error of that difference).
+1e-3 |elbo|)`` (``se`` the standard error of that difference). It is a
+check on the last windows only: a slow drift below the noise passes it.
 """
 from __future__ import annotations
 
