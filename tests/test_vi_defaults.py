@@ -13,7 +13,8 @@ Problems: (a) one client of 240 rows (3 correlated features, padded to 256
 rows of garbage), posterior sds 0.02-0.05; (b) 3 clients vmapped through
 ``run_clients``, 4 features with inputs ``2 + N(0, 1)`` (correlation 0.8),
 posterior sds near 0.01, started at N(0, 1) draws (about 100 posterior sds
-away). (b) runs at 1,000 rows per client (fast) and 4,000 (slow).
+away). (b) runs at 1,000 rows per client (fast) and 4,000 (slow). (c)
+tiny clients of 3, 8 and 20 rows, posterior sds up to 0.7.
 
 Tolerances: mean error < 0.2 sds of the oracle, sd ratio in [0.85, 1.15].
 Observed worst cases over 4 seeds at 1,000 rows (max over clients and
@@ -113,6 +114,24 @@ def test_defaults_with_minibatches_on_240_rows(small, name):
     err = np.abs(np.asarray(res.posterior.mean(), np.float64) - want_mean) / want_sd
     ratio = marginal_sds(res.posterior) / want_sd
     assert err.max() < 0.3 and 0.8 < ratio.min() and ratio.max() < 1.2, (err, ratio)
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_defaults_on_tiny_clients(small, name):
+    """Clients of 3, 8 and 20 rows (posterior sds up to 0.7, prior-dominated), vmapped.
+    Observed over 2 seeds: means 0.11 sd, sds 0.96-1.07."""
+    pot = small[0]
+    sizes = [3, 8, 20]
+    clients = [padded_correlated_client(20 + k, n, 20, np.array([1.0, -0.5, 0.3]), SIGMA)
+               for k, n in enumerate(sizes)]
+    targets = jax.tree_util.tree_map(lambda *a: jnp.stack(a),
+                                     *[target_of(X, y, n) for (X, y), n in zip(clients, sizes)])
+    backend = BACKENDS[name]
+    res = jax.jit(lambda k, t, z: backend.run_clients(k, pot, t, z))(jax.random.PRNGKey(0), targets,
+                                                                       jnp.zeros((3, 3)))
+    for k, ((X, y), n) in enumerate(zip(clients, sizes)):
+        mu, cov = linreg_exact_posterior([X[:n]], [y[:n]], SIGMA, PRIOR)
+        check(name, jax.tree_util.tree_map(lambda a: a[k], res), mu, cov)
 
 
 # -- (b) three clients of 1,000 (fast) or 4,000 (slow) rows, vmapped ------------------------------
