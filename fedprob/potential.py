@@ -46,6 +46,8 @@ from numpyro.distributions.transforms import biject_to
 Array = jax.Array
 
 DATA_PLATE = "data"
+#: the starting points :meth:`Potential.init` knows
+INIT_STRATEGIES = ("center", "prior", "prior_full", "zeros")
 
 
 class ClientData(NamedTuple):
@@ -435,11 +437,8 @@ class Potential:
         ``s * N(0, 1)`` noise in unconstrained space under ``"center"`` and
         ``"prior"``, whatever its prior scale.
         """
-        import numpyro.distributions as dist
-
-        strategies = ("center", "prior", "prior_full", "zeros")
-        if strategy not in strategies:
-            raise ValueError(f"unknown init strategy '{strategy}' (use one of {strategies})")
+        if strategy not in INIT_STRATEGIES:
+            raise ValueError(f"unknown init strategy '{strategy}' (use one of {INIT_STRATEGIES})")
         if strategy == "zeros":
             return jnp.zeros((self.dim,))
         if strategy == "prior_full":

@@ -50,6 +50,9 @@ class ClientBackend:
     """Base class of client backends: subclasses are frozen dataclasses."""
 
     output: str = "samples"   # or "gaussian"
+    #: the ``Potential.init`` strategy of the chain's or optimiser's start when the caller gives
+    #: none: samplers draw from the prior, optimiser-started backends start at the prior centre
+    init_strategy: str = "prior"
 
     def run(self, key, potential, target, init) -> ClientResult:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -72,6 +72,33 @@ def hessian_diag(fn, z, chunk_size: int = 32):
     return jax.lax.map(one, jnp.arange(d), batch_size=min(chunk_size, d))
 
 
+#: Above this many parameters :func:`hessian_diag_estimate` switches from the exact diagonal
+#: (d Hessian-vector products) to a Hutchinson estimate with ``NUM_PROBES`` products.
+EXACT_DIAG_MAX_DIM = 512
+NUM_PROBES = 64
+
+
+def hessian_diag_estimate(fn, z, key, max_exact_dim: int = EXACT_DIAG_MAX_DIM,
+                          num_probes: int = NUM_PROBES, chunk_size: int = 32):
+    """Diagonal of ``hess fn(z)`` at a cost that does not grow with d.
+
+    Exact (:func:`hessian_diag`) for ``d <= max_exact_dim``; above, the
+    Hutchinson estimate ``mean_j v_j * (H v_j)`` over ``num_probes``
+    Rademacher vectors ``v_j`` (unbiased; entry i has variance
+    ``sum_{k != i} H_ik^2 / num_probes``), floored at ``1e-3`` times its
+    mean absolute value so that a noisy entry never comes out non-positive.
+    Used to set scales (starting curvatures, preconditioners) that later
+    iterations refine, not as a posterior precision.
+    """
+    d = z.shape[0]
+    if d <= max_exact_dim:
+        return hessian_diag(fn, z, chunk_size)
+    _, hvp = jax.linearize(jax.grad(fn), z)
+    probes = jax.random.rademacher(key, (num_probes, d), z.dtype)
+    est = jnp.mean(jax.lax.map(lambda v: v * hvp(v), probes, batch_size=min(chunk_size, num_probes)), 0)
+    return jnp.maximum(est, 1e-3 * jnp.mean(jnp.abs(est)))
+
+
 # -- natural parameters of the observation distribution ------------------------------------------
 def _unwrap(fn):
     """(innermost distribution, full per-site shape batch + event) through Independent/Expanded."""
@@ -178,11 +205,13 @@ def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_si
     return out if diagonal else 0.5 * (out + out.T)
 
 
-def curvature(potential, target, z, hessian: str = "full", chunk_size: int = 32):
+def curvature(potential, target, z, hessian: str = "full", chunk_size: int = 32, key=None):
     """Precision ``P`` of the Laplace approximation at ``z`` (unclipped).
 
     ``-hess log_density`` for "full"/"diag"; GGN of the likelihood plus the
-    exact prior and Gaussian-term curvature for "ggn"/"diag_ggn".
+    exact prior and Gaussian-term curvature for "ggn"/"diag_ggn". With a
+    ``key``, "diag" is :func:`hessian_diag_estimate` (exact up to
+    ``EXACT_DIAG_MAX_DIM`` parameters, a Hutchinson estimate above).
     """
     if hessian not in HESSIANS:
         raise ValueError(f"unknown hessian '{hessian}' (use one of {HESSIANS})")
@@ -193,6 +222,8 @@ def curvature(potential, target, z, hessian: str = "full", chunk_size: int = 32)
     if hessian == "full":
         return hessian_full(neg_log_density, z)
     if hessian == "diag":
+        if key is not None:
+            return hessian_diag_estimate(neg_log_density, z, key, chunk_size=chunk_size)
         return hessian_diag(neg_log_density, z, chunk_size)
 
     diagonal = hessian == "diag_ggn"
@@ -249,6 +280,8 @@ class Laplace(ClientBackend):
     min_precision: float = 1e-6
     chunk_size: int = 32
 
+    init_strategy: str = "center"
+
     output = "gaussian"
 
     def __post_init__(self):
@@ -289,5 +322,5 @@ class Laplace(ClientBackend):
         return ClientResult(post, m, diagnostics)
 
 
-__all__ = ["Laplace", "curvature", "hessian_full", "hessian_diag", "ggn_likelihood",
+__all__ = ["Laplace", "curvature", "hessian_full", "hessian_diag", "hessian_diag_estimate", "ggn_likelihood",
            "natural_parameters", "clip_precision", "HESSIANS"]

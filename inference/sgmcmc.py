@@ -90,11 +90,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedprob.potential import INIT_STRATEGIES
 from fedprob.validation import check_fraction, check_int, check_positive
 
 Array = jax.Array
 
-INIT_STRATEGIES = ("prior", "prior_full", "zeros")
 
 
 # -- validation ------------------------------------------------------------------------------

@@ -222,6 +222,8 @@ class SVI(ClientBackend):
     precondition: bool = True
     map_steps: int = 200
 
+    init_strategy: str = "center"
+
     output = "gaussian"
 
     def __post_init__(self):
@@ -315,7 +317,9 @@ class SVI(ClientBackend):
         opt = minimize(potential, target, init, key=key, num_steps=int(self.map_steps),
                        batch_size=self.batch_size)
         dense = self.guide in ("full", "lowrank")
-        curv = curvature(potential, target, opt.params, "full" if dense else "diag")
+        # mean-field guides: the diagonal (estimated above 512 parameters, a preconditioner only)
+        curv = curvature(potential, target, opt.params, "full" if dense else "diag",
+                         key=jax.random.fold_in(key, 1))
         return curvature_whitening(curv, opt.params), opt.grad_norm
 
     # -- the backend ----------------------------------------------------------------------

@@ -17,8 +17,12 @@ Each backend is compared per coordinate: ``z = (mean - exact mean) / exact
 sd`` and ``ratio = sd / exact sd``. Mean-field backends (diagonal SVI, IVON)
 are compared with the mean-field optimum of a Gaussian target, which has the
 exact mean and sds ``1 / sqrt(diag(P))``. Laplace is exact on (a). Tolerances
-are per backend, stated in ``TOL``: Monte Carlo error of the draws plus the
-method's documented bias.
+are per backend, stated in ``TOL`` (the method's bias), and for samplers
+widened by the Monte Carlo error that the ESS of their draws implies:
+``3 / sqrt(ess)`` on the mean and ``3 / sqrt(2 ess)`` on the sd ratio, with
+``ess`` required to be at least 10. (Default SGLD on the shifted 4,000-row
+clients, condition number about 60, reaches an ESS of only 30 to 40 from 200
+draws at its largest stretch: it is correct but slow there.)
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import pytest
 import fedprob as fp
 from conftest import linreg_model
 from fedprob.inference import IVON, NUTS, SGHMC, SGLD, SVI, CyclicalSGHMC, Laplace
+from fedprob.inference.sgmcmc import effective_sample_size
 from fedprob.posteriors import Gaussian, Samples
 from fedprob.potential import ClientData, Potential, make_target
 from test_samplers_real_data import digits_pair, importance_oracle, newton_map
@@ -50,8 +55,9 @@ BACKENDS = {
 }
 MEAN_FIELD = {"svi_diag", "ivon"}
 # (max |z| of the mean, max |ratio - 1| of the sds)
-TOL = {"nuts": (0.25, 0.15), "laplace": (0.01, 0.01), "svi_full": (0.2, 0.15), "svi_diag": (0.2, 0.15),
-       "ivon": (0.3, 0.2), "sgld": (0.3, 0.2), "psgld": (0.3, 0.2), "sghmc": (0.3, 0.2), "csghmc": (0.35, 0.25)}
+TOL = {"nuts": (0.1, 0.05), "laplace": (0.01, 0.01), "svi_full": (0.2, 0.15), "svi_diag": (0.2, 0.15),
+       "ivon": (0.3, 0.2), "sgld": (0.15, 0.12), "psgld": (0.15, 0.12), "sghmc": (0.15, 0.12),
+       "csghmc": (0.15, 0.12)}
 
 
 def regression_clients(K, n, shift, seed):
@@ -80,15 +86,22 @@ def moments(result):
     return d.mean(-2), d.std(-2, ddof=1)
 
 
+def draws_ess(result):
+    """(K,) smallest per-coordinate ESS of each client's draws; None for a Gaussian output."""
+    if not isinstance(result.posterior, Samples):
+        return None
+    return np.asarray(jax.vmap(effective_sample_size)(result.posterior.draws)).min(-1)
+
+
 def run_clients(backend, pot, fed, seed):
     data = fed.client_data()
     targets = jax.vmap(lambda d: make_target(d, pot.dim))(data)
-    inits = jax.vmap(lambda k: pot.init(k, getattr(backend, "init_strategy", "prior")))(
+    inits = jax.vmap(lambda k: pot.init(k, backend.init_strategy))(
         jax.random.split(jax.random.PRNGKey(seed + 100), fed.num_clients))
     return jax.jit(lambda k, t, z: backend.run_clients(k, pot, t, z))(jax.random.PRNGKey(seed), targets, inits)
 
 
-def check(name, mean, sd, exact_mean, exact_cov_or_prec, is_precision=True):
+def check(name, mean, sd, exact_mean, exact_cov_or_prec, is_precision=True, ess=None):
     if is_precision:
         P = exact_cov_or_prec
         cov = np.linalg.inv(P)
@@ -99,6 +112,9 @@ def check(name, mean, sd, exact_mean, exact_cov_or_prec, is_precision=True):
     z = (mean - exact_mean) / exact_sd
     ratio = sd / ref_sd
     mt, st = TOL[name]
+    if ess is not None:
+        assert ess >= 10, f"{name}: effective sample size {ess:.1f}"
+        mt, st = mt + 3.0 / np.sqrt(ess), st + 3.0 / np.sqrt(2.0 * ess)
     assert np.all(np.isfinite(z)) and np.all(np.isfinite(ratio)), f"{name}: not finite"
     assert np.max(np.abs(z)) < mt, f"{name}: mean off by {np.round(z, 3)} sd"
     assert np.max(np.abs(ratio - 1.0)) < st, f"{name}: sd ratios {np.round(ratio, 3)}"
@@ -111,9 +127,10 @@ def _regression_case(name, K, n, shift, seed=0):
     pot = Potential(linreg_model(PRIOR, SIGMA), fed.X[0], fed.y[0])
     res = run_clients(BACKENDS[name], pot, fed, seed)
     means, sds = moments(res)
+    ess = draws_ess(res)
     for k, (X, y) in enumerate(cl):
         m, P = exact_client(X, y)
-        check(name, means[k], sds[k], m, P)
+        check(name, means[k], sds[k], m, P, ess=None if ess is None else float(ess[k]))
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))
@@ -149,4 +166,5 @@ def test_defaults_on_real_logistic_regression(name, digits_problem):
         w_map = newton_map(*digits_pair())[0]
         check(name, m[0], s[0], w_map, H)
     else:
-        check(name, m[0], s[0], mean, sd, is_precision=False)
+        ess = draws_ess(res)
+        check(name, m[0], s[0], mean, sd, is_precision=False, ess=None if ess is None else float(ess[0]))

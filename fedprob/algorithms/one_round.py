@@ -157,7 +157,7 @@ class OneRoundAlgorithm(Algorithm):
             k_init = start_key
         backend = self.backend
         target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx))
-        z0 = ctx.potential.init(k_init, getattr(backend, "init_strategy", "prior"))
+        z0 = ctx.potential.init(k_init, backend.init_strategy)
         return backend.run(k_run, ctx.potential, target, z0)
 
     def _client_message(self, ctx: Context, data, key, start_key=None):
@@ -356,7 +356,7 @@ def run_clients(backend, model, fed, seed: int = 0, prior_weight: float = 1.0, s
 @partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _run_all(backend, ctx, prior_weight, shared_start, data, k_start, k_run):
     K = ctx.num_clients
-    strategy = getattr(backend, "init_strategy", "prior")
+    strategy = backend.init_strategy
 
     def one(d, k):
         k_init, k = jax.random.split(k)
