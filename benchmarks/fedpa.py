@@ -93,7 +93,8 @@ def delta_bias_variance(dims=(10, 100, 1000), local_steps=(10, 100, 1000), rhos=
     for d in dims:
         n = 2 * d if d >= 100 else 200
         X, y, A, mu = least_squares_client(d, n, seed=d)
-        lr = 0.5 / np.linalg.eigvalsh(A).max()
+        # stable for minibatches too: the per-row curvature |x|^2 / batch bounds the step in high d
+        lr = 0.5 / max(np.linalg.eigvalsh(A).max(), float(np.mean(np.sum(X.astype(np.float64) ** 2, 1))) / batch)
         theta = np.zeros(d, np.float32)
         exact = A @ (theta - mu)
         norm = np.linalg.norm(exact)
@@ -266,7 +267,7 @@ def synthetic_curves(quick=False, rounds=None):
             burn_in_rounds=0)
         algos["fedpa_nuts"] = FedPA(client=fp.inference.NUTS(num_warmup=200, num_samples=200))
         algos["fedpa_nuts_rho1"] = FedPA(client=fp.inference.NUTS(num_warmup=200, num_samples=200),
-                                         shrinkage=1.0, server_learning_rate=0.2)
+                                         shrinkage=1.0, normalize=False, server_learning_rate=0.2)
     out = {}
     for name, algo in algos.items():
         out[name], out[name + "_sec_per_round"] = distance_curve(algo, linreg, fed, opt, rounds)

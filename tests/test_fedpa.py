@@ -152,8 +152,8 @@ def fig1_runs():
     avg = fp.run(fp.algorithms.FedAvg(local_steps=100, batch_size=None, learning_rate=0.1), model, fed,
                  rounds=15, progress=False)
     nuts = fp.inference.NUTS(num_warmup=100, num_samples=100)
-    exact = fp.run(FedPA(client=nuts, shrinkage=1.0, server_learning_rate=0.2), model, fed, rounds=15,
-                   progress=False)
+    exact = fp.run(FedPA(client=nuts, shrinkage=1.0, normalize=False, server_learning_rate=0.2), model, fed,
+                   rounds=15, progress=False)
     default = fp.run(FedPA(client=nuts), model, fed, rounds=15, progress=False)
     return fed, mean, cov, avg, exact, default
 
@@ -204,7 +204,7 @@ def test_default_fedpa_converges_to_its_exact_fixed_point(fig1_runs):
 def test_fig1_many_rounds_many_draws():
     fed, model, mean, _ = fig1_setup()
     r = fp.run(FedPA(client=fp.inference.NUTS(num_warmup=300, num_samples=400), shrinkage=2.0,
-                     server_learning_rate=0.2), model, fed, rounds=40, progress=False)
+                     normalize=False, server_learning_rate=0.2), model, fed, rounds=40, progress=False)
     assert distance(r, mean) < 0.03
 
 
@@ -225,6 +225,11 @@ def test_burn_in_rounds_send_fedavg_of_the_mean_and_the_round_counter_switches()
     from fedprob.potential import make_target
     res = algo.client.run(key, ctx.potential, make_target(data, ctx.dim, prior_weight=0.5), state.params)
     np.testing.assert_allclose(delta, state.params - res.posterior.draws.mean(0), atol=1e-5)
+    # a sampling round sends rho_l times the paper's delta (normalize=True)
+    state = state._replace(round=jnp.full((), 2, jnp.int32))
+    _, (delta, _), _ = algo.client_update(ctx, state, (), data, key)
+    want = dp.delta(res.posterior.draws, state.params, 0.5, float(data.n)) / 3.5
+    np.testing.assert_allclose(delta, want, rtol=1e-4, atol=1e-6)
 
 
 def test_no_recompilation_across_rounds_and_runs():

@@ -34,15 +34,17 @@ Shrinkage and the server step. A number is the paper's ``rho``; ``"oas"`` /
 draws (Chen et al. 2010, App. C). With exact moments and ``rho_l -> 0`` the
 fixed point is the global posterior mode; ``rho_l > 0`` moves it toward
 FedAvg's, and caps the delta's curvature ``Sigma_hat^-1`` at ``1 / rho_l``.
-Server SGD at learning rate ``rho_l`` applied to the paper's delta is a unit
-step on ``(I + (l - 1) rho c S)^-1 (theta - mu)``: FedAvg's step in every
-direction the draws do not resolve, a smaller one where they do, stable
-whatever the curvature. Hence the defaults: ``shrinkage=None`` is
-``rho = 1 / (l - 1)`` (``rho_l = 1/2``) and ``server_learning_rate = 0.5``.
-Smaller ``rho_l`` (larger ``rho``) removes more of FedAvg's bias but then
-needs ``server_learning_rate < 2 / lambda_max`` of the mean-loss Hessian
-(e.g. ``shrinkage=1.0, server_learning_rate=0.2`` on standardised linear
-regression). ``burn_in_rounds=2`` by default: SGD-based samplers started far
+``normalize=True`` (default) sends ``rho_l delta_k = (I + (l - 1) rho c_k
+S_k)^-1 (theta - mu_k)``: FedAvg's delta in every direction the draws do not
+resolve, a smaller one where they do, so server SGD at learning rate 1 is
+stable whatever the curvature and burn-in rounds are exactly FedAvg rounds.
+``normalize=False`` sends the paper's ``delta_k`` (then the server learning
+rate must stay below ``2 rho_l``, or below ``2 / lambda_max`` of the mean-loss
+Hessian when ``rho_l`` is small). Defaults: ``shrinkage=None`` is
+``rho = 1 / (l - 1)`` (``rho_l = 1/2``) with server SGD at 1. Smaller
+``rho_l`` removes more of FedAvg's bias but resolves the flat directions more
+slowly (e.g. ``shrinkage=1.0, normalize=False, server_learning_rate=0.2`` on
+standardised linear regression reaches the global mode). ``burn_in_rounds=2`` by default: SGD-based samplers started far
 from the local mode put their drift into the sample covariance, which damps
 the very direction of progress.
 
@@ -96,6 +98,7 @@ class FedPA(Algorithm):
     burn_in_rounds: rounds that send FedAvg's delta ``theta - mu_k``.
     covariance_scale: ``"n"`` (draws of the untempered local posterior,
         covariance multiplied by ``N_k``) or a number.
+    normalize: send ``rho_l delta_k`` (default; FedAvg's scale) or the paper's ``delta_k``.
     server_optimizer / server_learning_rate / server_momentum: the optax
         server optimiser ("sgd", "adam", "adagrad", "yogi" or a
         transformation), as in :class:`~fedprob.algorithms.FedAvg`.
@@ -106,8 +109,9 @@ class FedPA(Algorithm):
     shrinkage: Union[None, float, str] = None
     burn_in_rounds: int = 2
     covariance_scale: Union[str, float] = "n"
+    normalize: bool = True
     server_optimizer: Any = "sgd"
-    server_learning_rate: float = 0.5
+    server_learning_rate: float = 1.0
     server_momentum: Optional[float] = None
     init_strategy: str = "center"
 
@@ -160,10 +164,13 @@ class FedPA(Algorithm):
         scale = n if self.covariance_scale == "n" else jnp.asarray(self.covariance_scale, theta.dtype)
         sampling = server_state.round >= self.burn_in_rounds
         rho = jnp.where(sampling, self._rho(draws, scale), 0.0)
+        rho_l = 1.0 / (1.0 + (draws.shape[0] - 1) * rho)
         d = dp.delta(draws, theta, rho, scale)
+        if self.normalize:
+            d = rho_l * d
         prec = dp.precision_diagonal(draws, rho, scale)
         diag = {k: v for k, v in res.diagnostics.items() if jnp.ndim(v) == 0}
-        diag["rho_l"] = 1.0 / (1.0 + (draws.shape[0] - 1) * rho)
+        diag["rho_l"] = rho_l
         diag["delta_norm"] = jnp.linalg.norm(d)
         return client_state, (d, prec), diag
 
