@@ -141,24 +141,27 @@ def _client_fns(d: int, steps: int = 200):
     y = jnp.asarray(rng.normal(size=64), jnp.float32)
     lr = 0.5
 
+    def sgd(w):
+        return w - lr * (X.T @ (X @ w - y) / 64 + 0.01 * w)
+
     def path(theta):
+        """The same SGD steps; the second half averaged into NUM_DRAWS windows (nested scans, O(d) extra a step)."""
         K = steps // 2 // NUM_DRAWS
+        w, _ = jax.lax.scan(lambda w, _: (sgd(w), None), theta, None, length=steps - K * NUM_DRAWS)
 
-        def step(c, t):
-            w, acc = c
-            w = w - lr * (X.T @ (X @ w - y) / 64 + 0.01 * w)
-            inside = t >= steps - K * NUM_DRAWS
-            slot = jnp.clip((t - (steps - K * NUM_DRAWS)) // K, 0, NUM_DRAWS - 1)
-            acc = acc.at[slot].add(jnp.where(inside, w / K, 0.0))
-            return (w, acc), None
+        def window(w, _):
+            def inner(c, _):
+                w, acc = c
+                w = sgd(w)
+                return (w, acc + w), None
 
-        (w, acc), _ = jax.lax.scan(step, (theta, jnp.zeros((NUM_DRAWS, d), theta.dtype)), jnp.arange(steps))
-        return w, acc
+            (w, acc), _ = jax.lax.scan(inner, (w, jnp.zeros_like(w)), None, length=K)
+            return w, acc / K
+
+        return jax.lax.scan(window, w, None, length=NUM_DRAWS)
 
     def fedavg(theta):
-        def step(w, _):
-            return w - lr * (X.T @ (X @ w - y) / 64 + 0.01 * w), None
-        w, _ = jax.lax.scan(step, theta, None, length=steps)
+        w, _ = jax.lax.scan(lambda w, _: (sgd(w), None), theta, None, length=steps)
         return theta - w
 
     def fedpa_dp(theta):
@@ -172,22 +175,26 @@ def _client_fns(d: int, steps: int = 200):
     return {"fedavg": jax.jit(fedavg), "fedpa_dp": jax.jit(fedpa_dp), "fedpa_dense": jax.jit(fedpa_dense)}
 
 
-def _time(fn, x, repeats=5):
-    jax.block_until_ready(fn(x))
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def _time_all(fns: dict, x, repeats=9) -> dict:
+    """Median seconds of each function, calls interleaved (a shared machine's load hits all alike)."""
+    for fn in fns.values():
         jax.block_until_ready(fn(x))
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    ts = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn(x))
+            ts[name].append(time.perf_counter() - t)
+    return {name: float(np.median(v)) for name, v in ts.items()}
 
 
 def client_update_times(dims=(100, 1000, 10000, 100000), dense_max=1000):
     out = {}
     for d in dims:
         fns = _client_fns(d)
-        theta = jnp.zeros((d,), jnp.float32)
-        row = {name: _time(fn, theta) for name, fn in fns.items() if name != "fedpa_dense" or d <= dense_max}
+        if d > dense_max:
+            fns.pop("fedpa_dense")
+        row = _time_all(fns, jnp.zeros((d,), jnp.float32))
         row["dp_over_fedavg"] = row["fedpa_dp"] / row["fedavg"]
         if "fedpa_dense" in row:
             row["dense_over_fedavg"] = row["fedpa_dense"] / row["fedavg"]
