@@ -117,6 +117,10 @@ def test_float32_dp_is_accurate_far_from_the_origin():
     got = np.asarray(dp.delta(X, theta, 0.5, 50.0))
     want = np.asarray(dp.dense_delta(X.astype(np.float64), theta.astype(np.float64), 0.5, 50.0))
     np.testing.assert_allclose(got, want, atol=1e-3 * np.linalg.norm(want))
+    # draws of a diverging chain (spread 1e7) give a small, finite precision, not NaN
+    wild = (draws(rng, 60, 30) * 1e7).astype(np.float32)
+    prec = np.asarray(dp.precision_diagonal(wild, 0.5, 100.0))
+    assert np.all(np.isfinite(prec)) and np.all(prec > 0) and np.all(prec < 1e-3)
 
 
 # -- rounds on the conjugate oracle (the paper's Fig. 1) -------------------------------------------

@@ -162,15 +162,20 @@ def rho_from_weight(rho_l, num_draws: int) -> Array:
 
 
 def precision_diagonal(samples, shrinkage, scale=1.0) -> Array:
-    """diag(Sigma_hat^-1) by Woodbury on the l x l Gram matrix (O(l^2 d + l^3), no d x d matrix)."""
+    """diag(Sigma_hat^-1) by Woodbury on the l x l Gram matrix (O(l^2 d + l^3), no d x d matrix).
+
+    Floored at 1e-6 / rho_l (float rounding when a coordinate is dominated by the spread of the draws).
+    """
     samples = jnp.asarray(samples)
     l, d = samples.shape
     rho_l = 1.0 / (1.0 + (l - 1) * shrinkage)
     B = (samples - _column_mean(samples)) * jnp.sqrt((1.0 - rho_l) * scale / max(l - 1, 1))
-    M = rho_l * jnp.eye(l, dtype=samples.dtype) + B @ B.T
-    # M >= rho_l I is well conditioned: its l x l inverse times B (a solve with d right-hand sides is slow on CPU)
-    W = jnp.linalg.solve(M, jnp.eye(l, dtype=samples.dtype)) @ B          # (l, d)
-    return (1.0 - jnp.ones((l,), samples.dtype) @ (B * W)) / rho_l
+    # B B' = U diag(lam) U': diag(B' (rho_l I + B B')^-1 B) = sum_j (U'B)_j^2 / (rho_l + lam_j), each term
+    # below 1, so far-spread draws give a small precision, never an overflow
+    lam, U = jnp.linalg.eigh(B @ B.T)
+    C = U.T @ B
+    frac = (C * C) / (rho_l + jnp.maximum(lam, 0.0))[:, None]
+    return jnp.maximum(1.0 - jnp.ones((l,), samples.dtype) @ frac, 1e-6) / rho_l
 
 
 __all__ = ["DeltaState", "delta_init", "delta_update", "delta_value", "delta", "dense_delta",
