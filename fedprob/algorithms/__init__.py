@@ -8,3 +8,4 @@ from .predictive_bayes import PredictiveBayes, fit_beta
 from .ensemble import Ensemble
 from .one_shot_average import OneShotAverage
 from .one_round import ClientRuns, aggregate, run_clients
+from .fedpa import FedPA

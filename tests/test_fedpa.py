@@ -1,0 +1,320 @@
+"""FedPA: the dynamic-programming delta against dense solves, and rounds on conjugate oracles.
+
+The delta is checked in float64 against ``solve(Sigma_hat, theta - mean)``
+(l > d and l < d), streaming against batch, vmapped against per client.
+Rounds: the FedPA paper's Fig. 1 (two clients with quadratics of different
+shapes, conjugate linear regression): FedAvg with many local steps stops
+away from the global posterior mode, FedPA with NUTS clients reaches it
+within sampling noise.
+"""
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedprob as fp
+from conftest import linreg_exact_posterior, linreg_model
+from fedprob.algorithms import fedpa_delta as dp
+from fedprob.algorithms.fedpa import FedPA
+
+SIGMA, PRIOR = 0.5, 10.0
+
+
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def draws(rng, l, d):
+    scales = rng.uniform(0.1, 2.0, size=d)
+    mix = rng.normal(size=(d, d)) / np.sqrt(d)
+    return rng.normal(size=(l, d)) @ (mix * scales) + rng.normal(size=d)
+
+
+@pytest.mark.parametrize("d,l,rho,scale", [(5, 40, 0.3, 1.0), (50, 8, 1.0, 1.0), (3, 2, 0.01, 1.0),
+                                           (30, 30, 5.0, 1.0), (20, 60, 0.05, 37.0), (100, 12, 0.5, 200.0)])
+def test_dp_delta_equals_dense_solve(x64, d, l, rho, scale):
+    rng = np.random.default_rng(d * 100 + l)
+    X, theta = draws(rng, l, d), rng.normal(size=d)
+    got = np.asarray(dp.delta(X, theta, rho, scale))
+    rho_l = 1.0 / (1.0 + (l - 1) * rho)
+    Sigma = rho_l * np.eye(d) + (1 - rho_l) * scale * np.atleast_2d(np.cov(X.T))
+    want = np.linalg.solve(Sigma, theta - X.mean(0))
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-8 * np.linalg.norm(want))
+    np.testing.assert_allclose(got, np.asarray(dp.dense_delta(X, theta, rho, scale)), atol=1e-8 * np.linalg.norm(want))
+
+
+def test_one_draw_is_fedavg_delta_and_zero_shrinkage_is_mean_difference(x64):
+    rng = np.random.default_rng(1)
+    X, theta = draws(rng, 6, 4), rng.normal(size=4)
+    np.testing.assert_allclose(dp.delta(X[:1], theta, 3.0), theta - X[0], atol=1e-12)
+    np.testing.assert_allclose(dp.delta(X, theta, 0.0), theta - X.mean(0), atol=1e-12)
+
+
+def test_streaming_equals_batch_at_every_draw(x64):
+    rng = np.random.default_rng(2)
+    l, d, rho = 9, 7, 0.4
+    X, theta = draws(rng, l, d), rng.normal(size=d)
+    state = dp.delta_init(jnp.asarray(theta), l, rho)
+    np.testing.assert_array_equal(dp.delta_value(state), np.zeros(d))
+    update = jax.jit(dp.delta_update)
+    for t in range(1, l + 1):
+        state = update(state, jnp.asarray(X[t - 1]))
+        np.testing.assert_allclose(dp.delta_value(state), dp.dense_delta(X[:t], theta, rho),
+                                   atol=1e-9 * np.linalg.norm(dp.dense_delta(X[:t], theta, rho)))
+
+
+def test_vmap_over_clients_equals_per_client_and_jit_does_not_retrace(x64):
+    rng = np.random.default_rng(3)
+    K, l, d = 4, 10, 6
+    X = np.stack([draws(rng, l, d) for _ in range(K)])
+    theta = rng.normal(size=d)
+    rhos = np.array([0.1, 0.5, 1.0, 2.0])
+    batched = jax.vmap(dp.delta, (0, None, 0))(X, theta, rhos)
+    for k in range(K):
+        np.testing.assert_allclose(batched[k], dp.dense_delta(X[k], theta, rhos[k]), rtol=1e-9)
+    traces = []
+
+    @jax.jit
+    def f(x, th, rho):
+        traces.append(1)
+        return dp.delta(x, th, rho)
+
+    for r in (0.1, 0.2, 0.3):
+        f(X[0], theta, r)
+    assert len(traces) == 1
+
+
+def test_precision_diagonal_and_data_driven_weights_match_dense(x64):
+    rng = np.random.default_rng(4)
+    for l, d in [(12, 5), (6, 40)]:
+        X = draws(rng, l, d)
+        rho = 0.7
+        rho_l = 1 / (1 + (l - 1) * rho)
+        Sigma = rho_l * np.eye(d) + (1 - rho_l) * 3.0 * np.cov(X.T)
+        np.testing.assert_allclose(dp.precision_diagonal(X, rho, 3.0), np.diag(np.linalg.inv(Sigma)), rtol=1e-9)
+        S = np.cov(X.T, bias=True)                  # ML covariance, Chen et al. 2010
+        tr, tr2 = np.trace(S), np.trace(S @ S)
+        oas = min(1.0, ((1 - 2 / d) * tr2 + tr ** 2) / ((l + 1 - 2 / d) * (tr2 - tr ** 2 / d)))
+        rblw = min(1.0, ((l - 2) / l * tr2 + tr ** 2) / ((l + 2) * (tr2 - tr ** 2 / d)))
+        np.testing.assert_allclose(dp.oas_rho(X), oas, rtol=1e-9)
+        np.testing.assert_allclose(dp.rblw_rho(X), rblw, rtol=1e-9)
+        w = float(dp.oas_rho(X))
+        rho_dp = float(dp.rho_from_weight(w, l))
+        np.testing.assert_allclose(1 / (1 + (l - 1) * rho_dp), w, rtol=1e-9)
+
+
+def test_float32_dp_is_accurate_far_from_the_origin():
+    rng = np.random.default_rng(5)
+    X = (draws(rng, 20, 30) * 1e-2 + 100.0).astype(np.float32)
+    theta = (X.mean(0) + rng.normal(size=30) * 0.1).astype(np.float32)
+    got = np.asarray(dp.delta(X, theta, 0.5, 50.0))
+    want = np.asarray(dp.dense_delta(X.astype(np.float64), theta.astype(np.float64), 0.5, 50.0))
+    np.testing.assert_allclose(got, want, atol=1e-3 * np.linalg.norm(want))
+    # draws of a diverging chain (spread 1e7) give a small, finite precision, not NaN
+    wild = (draws(rng, 60, 30) * 1e7).astype(np.float32)
+    prec = np.asarray(dp.precision_diagonal(wild, 0.5, 100.0))
+    assert np.all(np.isfinite(prec)) and np.all(prec > 0) and np.all(prec < 1e-3)
+
+
+# -- rounds on the conjugate oracle (the paper's Fig. 1) -------------------------------------------
+
+def fig1_clients(seed=0, n=100):
+    """Two clients whose quadratics have different shapes and optima."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k, (scale, w) in enumerate([(np.array([1.0, 0.2]), np.array([2.0, 1.0])),
+                                    (np.array([0.2, 1.0]), np.array([-1.0, 2.0]))]):
+        X = rng.normal(size=(n, 2)) * scale
+        X[:, 1] += 0.7 * X[:, 0] * (1 if k == 0 else -1)
+        y = X @ w + SIGMA * rng.normal(size=n)
+        out.append((X.astype(np.float32), y.astype(np.float32)))
+    return out
+
+
+def fig1_setup():
+    clients = fig1_clients()
+    fed = fp.data.FederatedData.from_clients(clients)
+    mean, cov = linreg_exact_posterior([c[0] for c in clients], [c[1] for c in clients], SIGMA, PRIOR)
+    return fed, linreg_model(PRIOR, SIGMA), mean, cov
+
+
+def distance(result, mean):
+    return float(np.linalg.norm(np.asarray(result.posterior.mean["w"]) - mean))
+
+
+@pytest.fixture(scope="module")
+def fig1_runs():
+    """FedAvg with many local steps, FedPA-NUTS near exact (rho_l = 0.01) and at its defaults, 15 rounds each."""
+    fed, model, mean, cov = fig1_setup()
+    avg = fp.run(fp.algorithms.FedAvg(local_steps=100, batch_size=None, learning_rate=0.1), model, fed,
+                 rounds=15, progress=False)
+    nuts = fp.inference.NUTS(num_warmup=100, num_samples=100)
+    exact = fp.run(FedPA(client=nuts, shrinkage=1.0, normalize=False, server_learning_rate=0.2), model, fed,
+                   rounds=15, progress=False)
+    default = fp.run(FedPA(client=nuts), model, fed, rounds=15, progress=False)
+    return fed, mean, cov, avg, exact, default
+
+
+def test_fig1_fedpa_with_nuts_reaches_the_global_mode_fedavg_does_not(fig1_runs):
+    fed, mean, cov, avg, exact, default = fig1_runs
+    d_avg, d_exact, d_default = distance(avg, mean), distance(exact, mean), distance(default, mean)
+    assert d_avg > 0.6                    # FedAvg's fixed point (0.75 from the mode)
+    assert d_exact < 0.08                 # within the sampling noise of 100 NUTS draws
+    assert d_avg > 8 * d_exact
+    # the default (half weight on the shrinkage target) is stable at any curvature and a third of FedAvg's bias
+    assert d_default < d_avg / 2.3
+
+
+def test_posterior_is_the_server_point_with_client_moments(fig1_runs):
+    fed, mean, cov, avg, exact, default = fig1_runs
+    np.testing.assert_allclose(exact.posterior.form.mean(), exact.server_state.params, rtol=1e-5)
+    var = np.asarray(exact.posterior.form.variance())
+    np.testing.assert_allclose(var, np.diag(cov), rtol=0.5)
+    draws_ = exact.posterior.sample(jax.random.PRNGKey(0), 50)["w"]
+    assert draws_.shape == (50, 2) and np.all(np.isfinite(draws_))
+    mu, v = exact.posterior.predict(fed.X[0][:5])
+    assert mu.shape == (5,) and np.all(v > SIGMA ** 2 * 0.99)
+    assert "w" in exact.to_arviz(num_draws=20).posterior
+
+
+def fedpa_fixed_point(clients, rho_l, K):
+    """Exact fixed point of FedPA with exact client moments and weight rho_l on the target."""
+    sizes = np.array([len(c[1]) for c in clients], float)
+    Ms, rhs = 0, 0
+    for (X, y), n in zip(clients, sizes):
+        X = X.astype(np.float64)
+        P = np.eye(X.shape[1]) / PRIOR ** 2 / K + X.T @ X / SIGMA ** 2
+        mu = np.linalg.solve(P, X.T @ y / SIGMA ** 2)
+        M = np.linalg.inv(rho_l * np.eye(X.shape[1]) + (1 - rho_l) * np.linalg.inv(P / n))
+        Ms, rhs = Ms + n * M, rhs + n * M @ mu
+    return np.linalg.solve(Ms, rhs)
+
+
+def test_default_fedpa_converges_to_its_exact_fixed_point(fig1_runs):
+    fed, mean, _, _, _, r = fig1_runs
+    fixed = fedpa_fixed_point(fig1_clients(), 0.5, 2)
+    assert np.linalg.norm(fixed - mean) > 0.2        # the half-shrunk fixed point is not the mode ...
+    np.testing.assert_allclose(np.asarray(r.posterior.mean["w"]), fixed, atol=0.06)   # ... but FedPA's
+
+
+@pytest.mark.slow
+def test_fig1_many_rounds_many_draws():
+    fed, model, mean, _ = fig1_setup()
+    r = fp.run(FedPA(client=fp.inference.NUTS(num_warmup=300, num_samples=400), shrinkage=2.0,
+                     normalize=False, server_learning_rate=0.2), model, fed, rounds=40, progress=False)
+    assert distance(r, mean) < 0.03
+
+
+def test_burn_in_rounds_send_fedavg_of_the_mean_and_the_round_counter_switches():
+    fed, model, _, _ = fig1_setup()
+    algo = FedPA(client=fp.inference.IASG(step_size=0.05, num_burnin=20, steps_per_sample=5, num_samples=6,
+                                          batch_size=16), burn_in_rounds=2, shrinkage=0.5)
+    r = fp.run(algo, model, fed, rounds=4, progress=False)
+    rho_l = r.metric("client_rho_l")
+    np.testing.assert_allclose(rho_l, [1.0, 1.0, 1 / 3.5, 1 / 3.5], rtol=1e-6)
+    assert int(r.server_state.round) == 4
+    # a burn-in client message is theta - mean of its draws
+    ctx = r.context
+    state = r.server_state._replace(round=jnp.zeros((), jnp.int32))
+    data = jax.tree_util.tree_map(lambda a: a[0], fed.client_data())
+    key = jax.random.PRNGKey(3)
+    _, (delta, _), _ = algo.client_update(ctx, state, (), data, key)
+    from fedprob.potential import make_target
+    res = algo.client.run(key, ctx.potential, make_target(data, ctx.dim, prior_weight=0.5), state.params)
+    np.testing.assert_allclose(delta, state.params - res.posterior.draws.mean(0), atol=1e-5)
+    # a sampling round sends rho_l times the paper's delta (normalize=True)
+    state = state._replace(round=jnp.full((), 2, jnp.int32))
+    _, (delta, _), _ = algo.client_update(ctx, state, (), data, key)
+    want = dp.delta(res.posterior.draws, state.params, 0.5, float(data.n)) / 3.5
+    np.testing.assert_allclose(delta, want, rtol=1e-4, atol=1e-6)
+
+
+def test_no_recompilation_across_rounds_and_runs():
+    from fedprob.engine import local
+
+    fed, model, _, _ = fig1_setup()
+    algo = FedPA(client=fp.inference.IASG(step_size=0.05, num_burnin=10, steps_per_sample=4, num_samples=5,
+                                          batch_size=16), burn_in_rounds=1)
+    local.clear_cache()
+    a = fp.run(algo, model, fed, rounds=3, progress=False)
+    b = fp.run(algo, model, fed, rounds=5, progress=False)
+    assert local.COMPILE_COUNT["round"] == 1
+    np.testing.assert_array_equal(np.asarray(a.history[2]["participants"]), [0, 1])
+    assert np.isfinite(b.metric("client_delta_norm")).all()
+
+
+class NaNForSmallClients(fp.inference.IASG):
+    """IASG whose draws are NaN on clients with fewer than 60 rows."""
+
+    def run(self, key, potential, target, init=None):
+        res = super().run(key, potential, target, init)
+        bad = target.data.n < 60
+        return res._replace(posterior=fp.posteriors.Samples(jnp.where(bad, jnp.nan, res.posterior.draws)))
+
+
+def test_a_client_with_a_nonfinite_delta_is_left_out_and_reported():
+    rng = np.random.default_rng(0)
+    w = np.array([1.0, -0.5])
+    clients = []
+    for n in (40, 80, 90):
+        X = rng.normal(size=(n, 2)).astype(np.float32)
+        clients.append((X, (X @ w + SIGMA * rng.normal(size=n)).astype(np.float32)))
+    fed = fp.data.FederatedData.from_clients(clients)
+    algo = FedPA(client=NaNForSmallClients(step_size=0.05, num_burnin=50, steps_per_sample=5, num_samples=5,
+                                           batch_size=16))
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        r = fp.run(algo, linreg_model(PRIOR, SIGMA), fed, rounds=8, progress=False)
+    assert r.excluded_clients == {k: [0] for k in range(1, 9)}
+    assert np.all(np.isfinite(np.asarray(r.server_state.params)))
+    w_12 = linreg_exact_posterior([c[0] for c in clients[1:]], [c[1] for c in clients[1:]], SIGMA, PRIOR)[0]
+    assert np.linalg.norm(np.asarray(r.server_state.params) - w_12) < 0.1
+
+
+@pytest.mark.parametrize("client", [
+    pytest.param(fp.inference.SGLD(num_burnin=200, num_samples=20, thinning=5, batch_size=32),
+                 marks=pytest.mark.slow),
+    pytest.param(fp.inference.SGHMC(num_burnin=200, num_samples=20, thinning=20, batch_size=32),
+                 marks=pytest.mark.slow),
+    fp.inference.IASG(num_burnin=200, steps_per_sample=50, num_samples=10, batch_size=10),
+], ids=["sgld", "sghmc", "iasg"])
+def test_sampling_backends_beat_fedavg_on_fig1(client):
+    fed, model, mean, _ = fig1_setup()
+    r = fp.run(FedPA(client=client), model, fed, rounds=12, progress=False)
+    avg = fp.run(fp.algorithms.FedAvg(local_steps=100, batch_size=None, learning_rate=0.1), model, fed,
+                 rounds=12, progress=False)
+    # IASG explores the flat directions slowly (condition number 60): a smaller gain than NUTS's
+    assert distance(r, mean) < 0.8 * distance(avg, mean)
+
+
+def test_constructor_checks():
+    with pytest.raises(ValueError, match="shrinkage"):
+        FedPA(shrinkage=-1.0)
+    with pytest.raises(ValueError, match="shrinkage"):
+        FedPA(shrinkage="lw")
+    with pytest.raises(ValueError, match="covariance_scale"):
+        FedPA(covariance_scale="sum")
+    with pytest.raises(ValueError, match="draws"):
+        FedPA(client=fp.inference.Laplace())
+
+
+def test_quick_benchmark_core():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fedpa.py"
+    spec = importlib.util.spec_from_file_location("benchmark_fedpa_core", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["benchmark_fedpa_core"] = mod
+    spec.loader.exec_module(mod)
+    bias = mod.delta_bias_variance(dims=(10,), local_steps=(400,), rhos=(None,), reps=4, quick=True)
+    # App. A: with enough local steps (40 draws) FedPA's delta is less biased than FedAvg's
+    assert bias[10][400]["fedpa_bias"] < 0.7 * bias[10][400]["fedavg_bias"]
+    curve = mod.synthetic_curves(quick=True)
+    assert curve["fedpa"][-1] < curve["fedavg"][-1]
