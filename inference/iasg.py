@@ -58,6 +58,8 @@ Array = jax.Array
 #: ``step_size * lambda_max(A)`` of the adapted default learning rate (``A`` the
 #: mean-loss Hessian); plain SGD is stable below 2.
 IASG_RATE = 0.5
+#: A minibatch mean loss this many times above the start's (plus 1) marks a diverging run.
+DIVERGED_FACTOR = 1e3
 
 
 class IASGState(NamedTuple):
@@ -124,11 +126,20 @@ class IASG(ClientBackend):
         vg = log_density_and_grad(potential, target, self.batch_size)
         n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
 
+        # Divergence guard: SGD with a step above 2 / lambda_max grows geometrically and can stay
+        # finite for hundreds of steps (a step adapted on one minibatch's curvature can be too
+        # large for the client's). A minibatch mean loss above DIVERGED_FACTOR times the start's
+        # counts as non-finite, so the adapted run rolls the window back and halves the step.
+        loss_ref = jnp.abs(-potential.log_density(z0, target) / n)
+        limit = DIVERGED_FACTOR * (jnp.where(jnp.isfinite(loss_ref), loss_ref, 0.0) + 1.0)
+
         def kernel(k, s, lr, noisy=True):    # an optimizer: nothing is injected
             lp, g = vg(s.position, k)
             loss_grad = -g / n
             s = sgd_step(s, loss_grad, lr, self.momentum)
-            return s, step_info(-lp / n, loss_grad, s.position)
+            info = step_info(-lp / n, loss_grad, s.position)
+            info["finite"] = info["finite"] & (-lp / n < limit)
+            return s, info
 
         def adapt(k, s, start, iters):
             lam, v = max_curvature(potential, target, self.batch_size, s.position, k, iters, None, start)
