@@ -47,6 +47,7 @@ BACKENDS = {
     "laplace": Laplace(),
     "svi_full": SVI(guide="full"),
     "svi_diag": SVI(guide="diag"),
+    "svi_lowrank": SVI(guide="lowrank"),
     "ivon": IVON(),
     "sgld": SGLD(),
     "psgld": SGLD(preconditioner="rmsprop"),
@@ -56,7 +57,7 @@ BACKENDS = {
 MEAN_FIELD = {"svi_diag", "ivon"}
 # (max |z| of the mean, max |ratio - 1| of the sds)
 TOL = {"nuts": (0.1, 0.05), "laplace": (0.01, 0.01), "svi_full": (0.2, 0.15), "svi_diag": (0.2, 0.15),
-       "ivon": (0.3, 0.2), "sgld": (0.15, 0.12), "psgld": (0.15, 0.12), "sghmc": (0.15, 0.12),
+       "svi_lowrank": (0.2, 0.15), "ivon": (0.3, 0.2), "sgld": (0.15, 0.12), "psgld": (0.15, 0.12), "sghmc": (0.15, 0.12),
        "csghmc": (0.15, 0.12)}
 
 

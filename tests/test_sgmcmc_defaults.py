@@ -107,6 +107,7 @@ def check(name, draws, diag, clients, mean_tol, ratio_range):
     assert np.all(diag["ess"] > 10), f"{name}: ess {diag['ess']}"
 
 
+@pytest.mark.slow   # the default run covers this in test_backend_defaults.py (240 and 4,000 rows)
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_defaults_on_the_240_row_regression(name):
     clients = regression_240()
@@ -114,6 +115,7 @@ def test_defaults_on_the_240_row_regression(name):
     check(name, draws, diag, clients, 0.4, (0.8, 1.25))
 
 
+@pytest.mark.slow   # the default run covers shifted clients of 4,000 rows in test_backend_defaults.py
 @pytest.mark.parametrize("name", ["SGHMC", "CyclicalSGHMC"])
 def test_defaults_on_shifted_clients_small(name):
     """Fast variant of the 4,000-row test: 3 clients of 1,000 rows."""

@@ -160,6 +160,7 @@ def run_big(name, n, seed=0):
         check(name, jax.tree_util.tree_map(lambda a: a[k], res), mu, cov)
 
 
+@pytest.mark.slow   # the default run covers 3 x 4,000 rows in test_backend_defaults.py
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_defaults_on_three_clients_of_1000_rows(name):
     run_big(name, 1000)
