@@ -20,7 +20,6 @@ from fedprob.algorithms.base import Algorithm
 from fedprob.engine import local
 from fedprob.posteriors import GlobalPosterior, Samples
 
-jax.config.update("jax_enable_x64", False)
 
 SIGMA = 0.5
 
