@@ -6,7 +6,7 @@ A :class:`~fedprob.posteriors.Gaussian` ``N(m, P^-1)`` is stored as
 a power ``t`` scales them; the class implements ``*``, ``/`` and ``power``.
 This module holds the rest:
 
-* construction: :func:`from_moments`, :func:`from_mean_precision`;
+* construction: ``Gaussian.from_moments`` and :func:`from_mean_precision`;
 * :func:`moment_match`: a Gaussian fitted to draws, full covariances with
   **shrinkage** of the correlations toward zero when draws are few
   (:func:`sample_covariance`, :func:`shrinkage_covariance`: OAS on the
@@ -15,7 +15,7 @@ This module holds the rest:
 * sums over a client axis: :func:`natural_sum` (masked), :func:`guarded_product`
   (a product with a prior power, clipped to the prior when not positive
   definite), :func:`is_valid`;
-* :func:`kl_divergence`, :func:`sample`, :func:`log_prob`;
+* :func:`kl_divergence` (sampling and densities are ``Gaussian`` methods);
 * the Monte Carlo error of a product's mean: :func:`mean_error_term` (one
   client's share, summable) and :func:`relative_mean_error`;
 * the prior as a Gaussian in the flat unconstrained layout:
@@ -44,11 +44,6 @@ DRAWS_PER_DIM = 10
 
 # -- construction ----------------------------------------------------------------------------------
 
-def from_moments(mean, cov) -> Gaussian:
-    """``N(mean, cov)`` in natural parameters (``cov`` a vector of variances: diagonal)."""
-    return Gaussian.from_moments(mean, cov)
-
-
 def from_mean_precision(mean, precision) -> Gaussian:
     """``N(mean, precision^-1)``: linear term ``precision @ mean`` (diagonal: elementwise)."""
     mean = jnp.asarray(mean)
@@ -56,16 +51,6 @@ def from_mean_precision(mean, precision) -> Gaussian:
     if precision.ndim == mean.ndim:
         return Gaussian(precision * mean, precision)
     return Gaussian(jnp.einsum("...ij,...j->...i", precision, mean), precision)
-
-
-def sample(g: Gaussian, key, n: int) -> Array:
-    """(n, d) draws of an unbatched Gaussian."""
-    return g.sample(key, n)
-
-
-def log_prob(g: Gaussian, x) -> Array:
-    """log N(x; m, P^-1) over the last axis of ``x``."""
-    return g.log_prob(x)
 
 
 # -- validity ------------------------------------------------------------------------------------------
@@ -396,7 +381,7 @@ def prior_gaussian(potential, key, diag: bool, num_samples: int = 2000, check_po
     return Gaussian.from_moments(mean, cov), False
 
 
-__all__ = ["Gaussian", "from_moments", "from_mean_precision", "sample", "log_prob", "is_valid",
+__all__ = ["Gaussian", "from_mean_precision", "is_valid",
            "kl_divergence", "shrinkage_covariance", "sample_covariance", "moment_match", "warn_few_draws", "natural_sum",
            "guarded_product", "product_core", "mean_error_term", "relative_mean_error", "prior_gaussian",
            "prior_draws", "DRAWS_PER_DIM"]

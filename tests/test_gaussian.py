@@ -111,12 +111,12 @@ def test_kl_divergence_full_and_diag_against_formula():
     Pp = np.linalg.inv(Cp)
     want = 0.5 * (np.trace(Pp @ Cq) + (mp - mq) @ Pp @ (mp - mq) - d
                   + np.linalg.slogdet(Cp)[1] - np.linalg.slogdet(Cq)[1])
-    q, p = gauss.from_moments(mq, Cq), gauss.from_moments(mp, Cp)
+    q, p = Gaussian.from_moments(mq, Cq), Gaussian.from_moments(mp, Cp)
     np.testing.assert_allclose(float(gauss.kl_divergence(q, p)), want, rtol=1e-4)
     assert abs(float(gauss.kl_divergence(q, q))) < 1e-4
     vq, vp = np.diag(Cq), np.diag(Cp)
     want_d = 0.5 * np.sum(vq / vp + (mp - mq) ** 2 / vp - 1 + np.log(vp / vq))
-    qd, pd = gauss.from_moments(mq, vq), gauss.from_moments(mp, vp)
+    qd, pd = Gaussian.from_moments(mq, vq), Gaussian.from_moments(mp, vp)
     np.testing.assert_allclose(float(gauss.kl_divergence(qd, pd)), want_d, rtol=1e-5)
     np.testing.assert_allclose(float(gauss.kl_divergence(qd, pd.to_full())), want_d, rtol=1e-4)
 
@@ -149,9 +149,9 @@ def test_monte_carlo_error_of_a_product_mean_matches_repeated_sampling():
 
 
 def test_prior_draws_and_sample_moments():
-    g = gauss.from_moments(jnp.array([1.0, -2.0]), jnp.array([[2.0, 0.6], [0.6, 0.5]]))
-    x = np.asarray(gauss.sample(g, jax.random.PRNGKey(0), 20000), np.float64)
+    g = Gaussian.from_moments(jnp.array([1.0, -2.0]), jnp.array([[2.0, 0.6], [0.6, 0.5]]))
+    x = np.asarray(g.sample(jax.random.PRNGKey(0), 20000), np.float64)
     np.testing.assert_allclose(x.mean(0), [1.0, -2.0], atol=0.03)
     np.testing.assert_allclose(np.cov(x.T), [[2.0, 0.6], [0.6, 0.5]], rtol=0.05, atol=0.01)
-    lp = float(gauss.log_prob(g, jnp.array([1.0, -2.0])))
+    lp = float(g.log_prob(jnp.array([1.0, -2.0])))
     np.testing.assert_allclose(lp, -np.log(2 * np.pi) - 0.5 * np.log(2.0 * 0.5 - 0.36), rtol=1e-5)
