@@ -82,6 +82,13 @@ class FedAvg(Algorithm):
         upd, opt_state = self._server_opt().update(delta, opt_state, w)
         return optax.apply_updates(w, upd), opt_state
 
+    def update_part(self, ctx: Context, message):
+        """The whole message: the delta ``w_g - w_k``."""
+        return message
+
+    def with_update(self, ctx: Context, message, update):
+        return update
+
     def posterior(self, ctx: Context, server_state, client_states):
         return GlobalPosterior(ctx.potential, Samples(server_state[0][None]),
                                info={"kind": "point estimate"})

@@ -182,6 +182,14 @@ class FedPA(Algorithm):
         prec = float(ctx.num_rows) * weighted_mean(precs, weights, mask)
         return FedPAState(params, opt_state, server_state.round + 1, prec)
 
+    def update_part(self, ctx: Context, message):
+        """The delta (the precision diagonal is not an update)."""
+        return message[0]
+
+    def with_update(self, ctx: Context, message, update):
+        """``(update, 1)``: the precision diagonal is replaced by the data-independent 1 (see fedprob.privacy)."""
+        return update, jnp.ones_like(message[1])
+
     def posterior(self, ctx: Context, server_state, client_states):
         g = gaussian.from_mean_precision(server_state.params, server_state.precision)
         return GlobalPosterior(ctx.potential, g, info={
