@@ -12,8 +12,11 @@ Loading never unpickles (``allow_pickle=False``): the tree structure comes
 from the run itself (``algorithm.init`` on the same inputs), and every leaf's
 shape and dtype must match. A checkpoint whose files are damaged is skipped
 with a warning and the previous round is used. A checkpoint written for a
-different algorithm, model, data or run settings (seed, clients per round,
-faults, privacy) is refused with a message naming what differs.
+different algorithm (its repr), model (function name, parameter layout,
+row shapes, and its log prior and log likelihood at two fixed points, which
+tell apart closures with different constants), data (SHA-256 of the padded
+arrays) or run settings (seed, clients per round, chunking, faults,
+privacy) is refused with a message naming what differs.
 
 Resuming is exact: round r uses the key ``fold_in(k_rounds, r)``, so running
 rounds 1..3, stopping, and resuming to 6 gives bit for bit the states and
@@ -52,18 +55,31 @@ def _describe(obj) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(obj))
 
 
-def _describe_potential(potential) -> str:
+def _probe(potential, fed) -> list:
+    """Log prior and log likelihood at two fixed points on client 0's rows (tells closures apart)."""
+    import jax.numpy as jnp
+
+    d = potential.dim
+    n = int(fed.sizes[0])
+    X, y = jnp.asarray(fed.X[0, :n]), jnp.asarray(fed.y[0, :n])
+    out = []
+    for z in (jnp.zeros(d), jnp.linspace(-0.5, 0.5, d)):
+        out += [float(potential.log_prior(z)), float(potential.log_likelihood(z, X, y))]
+    return [float(f"{v:.5g}") for v in out]
+
+
+def _describe_potential(potential, fed) -> str:
     model = potential.model
     name = f"{getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', type(model).__name__)}"
     sites = ", ".join(f"{s.name}{tuple(s.unconstrained_shape)}" for s in potential.sites)
     kwargs = _describe(sorted(potential.model_kwargs.items()))
     return (f"{name}({sites}; kwargs {kwargs}; x {potential.x_shape}, y {potential.y_shape}, "
-            f"observed {potential.observed})")
+            f"observed {potential.observed}; log densities at probe points {_probe(potential, fed)})")
 
 
 def fingerprints(algorithm, potential, fed, settings: dict) -> dict:
     """What a checkpoint must match to be resumed: ``{field: (description, hash)}``."""
-    out = {"algorithm": _describe(algorithm), "model": _describe_potential(potential),
+    out = {"algorithm": _describe(algorithm), "model": _describe_potential(potential, fed),
            "data": f"{fed!r} sha256 {_digest(fed.X, fed.y, fed.sizes)}",
            "settings": json.dumps(settings, sort_keys=True, default=_describe)}
     return {k: [v, hashlib.sha256(v.encode()).hexdigest()] for k, v in out.items()}
@@ -157,7 +173,7 @@ def restore(directory: str, prints: dict, server_state, client_states) -> Option
                           "previous round", RuntimeWarning, stacklevel=3)
             continue
         theirs = meta["fingerprints"]
-        for field in ("algorithm", "model", "data", "settings"):
+        for field in ("data", "algorithm", "model", "settings"):
             if theirs.get(field, [None, None])[1] != prints[field][1]:
                 raise ValueError(
                     f"the checkpoint in {directory} was written for a different {field}: it has "

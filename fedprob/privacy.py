@@ -33,6 +33,7 @@ Requires the optional extra ``pip install fedprob[privacy]`` (dp-accounting).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -103,6 +104,7 @@ def privatize(algorithm, ctx, messages, mask, key, dp: GaussianDP):
     return jax.vmap(one)(messages, keys)
 
 
+@functools.lru_cache(maxsize=256)
 def epsilon(noise_multiplier: float, sampling_rate: float, rounds: int, delta: float) -> float:
     """epsilon of ``rounds`` Poisson-subsampled Gaussian rounds at ``delta`` (dp-accounting RDP, :data:`ORDERS`)."""
     try:

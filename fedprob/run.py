@@ -155,8 +155,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
-    round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
-                                                  clients, data, k_rounds, faults, privacy)
     history, start = [], 0
     if checkpoint_dir is not None:
         settings = {"seed": int(seed), "clients_per_round": M, "client_chunk": client_chunk,
@@ -168,6 +166,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             if start > rounds:
                 raise ValueError(f"the checkpoint in {checkpoint_dir} is at round {start}, beyond "
                                  f"rounds={rounds}")
+    round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
+                                                  clients, data, k_rounds, faults, privacy)
     bar = None
     if progress:
         from tqdm.auto import tqdm
