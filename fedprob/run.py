@@ -84,6 +84,8 @@ def _check_eval(eval_data, potential: Potential):
     check_xy(X, y)
     if tuple(X.shape[1:]) != potential.x_shape:
         raise ValueError(f"eval_data X rows have shape {X.shape[1:]}, the federation's have {potential.x_shape}")
+    if tuple(y.shape[1:]) != potential.y_shape:
+        raise ValueError(f"eval_data y rows have shape {y.shape[1:]}, the federation's have {potential.y_shape}")
     if potential.task == "classification":
         _check_labels(y, potential.num_classes, "eval_data")
     return X.astype(np.float32), y
