@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import logsumexp
 
 Array = jax.Array
@@ -233,16 +234,31 @@ class GlobalPosterior:
         return self.form.sample(self._key, self.num_predictive_draws)
 
     # -- prediction ------------------------------------------------------------------------
+    def _check_inputs(self, X) -> Array:
+        """X as an array of rows shaped like the training rows, all finite (else ValueError)."""
+        X = np.asarray(X)
+        want = tuple(self.potential.x_shape)
+        if X.ndim != len(want) + 1 or tuple(X.shape[1:]) != want:
+            raise ValueError(f"X has shape {X.shape}; the model was fitted on rows of shape {want}, so X "
+                             f"must have shape (n,) + {want}")
+        if np.issubdtype(X.dtype, np.floating) and not np.all(np.isfinite(X)):
+            raise ValueError(f"X contains {int(np.sum(~np.isfinite(X)))} NaN/inf value(s); predictions "
+                             "need finite inputs")
+        return jnp.asarray(X)
+
     def predict(self, X):
-        """Posterior predictive at X (class probabilities, or (mean, variance))."""
-        return _average_predictions_jit(self.potential, self._predictive_draws(), jnp.asarray(X), 64)
+        """Posterior predictive at X (class probabilities, or (mean, variance)); X is validated."""
+        return _average_predictions_jit(self.potential, self._predictive_draws(), self._check_inputs(X), 64)
 
     def log_predictive_density(self, X, y) -> Array:
         """(n,) log p(y_i | x_i, D): the log of the posterior predictive averaged over draws."""
+        X = self._check_inputs(X)
         y = jnp.asarray(y)
+        if y.shape[:1] != X.shape[:1]:
+            raise ValueError(f"X has {X.shape[0]} rows and y {y.shape[0] if y.ndim else 0}")
         if self.potential.task != "regression":
             y = y.astype(jnp.int32)
-        return _mixture_log_density_jit(self.potential, self._predictive_draws(), jnp.asarray(X), y, 64)
+        return _mixture_log_density_jit(self.potential, self._predictive_draws(), X, y, 64)
 
 
 def log_predictive_density(task: str, prediction, y) -> Array:

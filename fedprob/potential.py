@@ -147,7 +147,9 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
                     u = biject_to(fn.support).inv(site["value"])
                     entry["unconstrained_shape"] = tuple(jnp.shape(u))
                     entry["is_real"] = _is_real(fn.support)
-                if entry["kind"] == "classification" and fn.has_enumerate_support:
+                entry["event_shape"] = tuple(fn.event_shape)
+                entry["dist_shape"] = tuple(fn.batch_shape) + tuple(fn.event_shape)
+                if entry["kind"] == "classification" and fn.has_enumerate_support and not fn.event_shape:
                     entry["num_classes"] = int(fn.enumerate_support(expand=False).shape[0])
             out[name] = entry
         return jnp.zeros(())
@@ -234,9 +236,21 @@ class Potential:
                     prior_factors.append(name)
                     continue
                 if not in_plate:
+                    hint = (" and drop `.to_event(...)`: the plate makes the rows independent"
+                            if site.get("event_shape") else "")
                     raise ValueError(
-                        f"observed site '{name}' is outside the plate named '{DATA_PLATE}'; put "
-                        f"the likelihood inside `with numpyro.plate('{DATA_PLATE}', X.shape[0]):`")
+                        f"observed site '{name}' is outside the plate named '{DATA_PLATE}'; the model needs "
+                        f"a '{DATA_PLATE}' plate: put the likelihood inside "
+                        f"`with numpyro.plate('{DATA_PLATE}', X.shape[0]):`{hint}")
+                if not site["is_factor"] and site["shape"] != site["dist_shape"]:
+                    raise ValueError(
+                        f"observed site '{name}' receives values of shape {site['shape']} for {X.shape[0]} "
+                        f"rows (y rows have shape {tuple(y.shape[1:])}) but its distribution has shape "
+                        f"{site['dist_shape']}: y does not match the model's likelihood")
+                if site["is_discrete"] and site.get("event_shape"):
+                    raise ValueError(
+                        f"observed site '{name}' is discrete with event shape {site['event_shape']} inside "
+                        f"the '{DATA_PLATE}' plate; give one label per row (drop `.to_event(...)`)")
                 observed.append(name)
                 continue
             if in_plate:

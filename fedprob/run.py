@@ -9,9 +9,11 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from . import checkpoint as ckpt
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
 from .engine import local
+from .faults import Faults, fault_records
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
@@ -32,9 +34,12 @@ class Result:
 
     posterior: the :class:`~fedprob.posteriors.GlobalPosterior`.
     history: one dict per round: ``round``, ``time`` (seconds, compile
-    excluded), ``participants``, ``excluded`` (clients whose update was not
-    finite and was left out), ``server_update_ok``, client diagnostics
-    (means over participants, prefixed ``client_``) and eval metrics.
+    excluded), ``participants``, ``dropped`` / ``stragglers`` (simulated
+    faults), ``excluded`` (reporting clients quarantined: update not finite
+    or over ``max_update_norm``) with ``faults`` (``{"client", "reason"}``
+    each), ``server_update_ok``, client diagnostics (means over the
+    aggregated clients, prefixed ``client_``), eval metrics, and under
+    differential privacy ``dp_epsilon`` / ``dp_delta`` (cumulative).
     compile_time / init_time: seconds spent compiling the round (0 when it
     came from the cache) and initialising.
     """
@@ -57,6 +62,11 @@ class Result:
         """round -> client ids left out of that round's aggregate."""
         return {h["round"]: h["excluded"] for h in self.history if h["excluded"]}
 
+    @property
+    def faults(self) -> list:
+        """(round, client, reason) of every quarantined client."""
+        return [(h["round"], f["client"], f["reason"]) for h in self.history for f in h.get("faults", ())]
+
     def to_arviz(self, num_draws: int = 1000, seed: int = 0):
         """The global posterior's draws as ArviZ InferenceData (one chain)."""
         from .diagnostics import to_inference_data
@@ -74,6 +84,8 @@ def _check_eval(eval_data, potential: Potential):
     check_xy(X, y)
     if tuple(X.shape[1:]) != potential.x_shape:
         raise ValueError(f"eval_data X rows have shape {X.shape[1:]}, the federation's have {potential.x_shape}")
+    if tuple(y.shape[1:]) != potential.y_shape:
+        raise ValueError(f"eval_data y rows have shape {y.shape[1:]}, the federation's have {potential.y_shape}")
     if potential.task == "classification":
         _check_labels(y, potential.num_classes, "eval_data")
     return X.astype(np.float32), y
@@ -93,7 +105,9 @@ def _check_labels(y, num_classes, what):
 def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] = None, seed: int = 0,
         eval_data=None, clients_per_round: Optional[int] = None, progress: bool = True,
         client_chunk: Optional[int] = None, eval_every: int = 1,
-        model_kwargs: Optional[dict] = None) -> Result:
+        model_kwargs: Optional[dict] = None, checkpoint_dir: Optional[str] = None,
+        max_update_norm: Optional[float] = None, dropout_rate: float = 0.0,
+        straggler_rate: float = 0.0, privacy=None) -> Result:
     """Run ``algorithm`` on ``fed`` with the NumPyro ``model``.
 
     rounds: communication rounds (default ``algorithm.default_rounds``: 1 for
@@ -102,6 +116,14 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     recompiles between rounds. client_chunk: vmap clients in chunks of this
     size (``lax.map``) to bound memory. eval_data: (X, y) evaluated every
     ``eval_every`` rounds and at the end. Same seed, same result.
+
+    checkpoint_dir: save server and client states and the history after every
+    round there (:mod:`fedprob.checkpoint`); a later run with the same inputs
+    and directory resumes from the newest checkpoint and gives exactly the
+    uninterrupted result. max_update_norm / dropout_rate / straggler_rate:
+    quarantine and simulated faults (:mod:`fedprob.faults`; off by default).
+    privacy: a :class:`fedprob.privacy.GaussianDP` (client clipping and
+    Gaussian noise, (epsilon, delta) in the history).
     """
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a fedprob algorithm, got {type(algorithm).__name__}")
@@ -114,6 +136,13 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     M = K if clients_per_round is None else int(clients_per_round)
     if not 1 <= M <= K:
         raise ValueError(f"clients_per_round must be in [1, {K}], got {clients_per_round}")
+    faults = Faults(dropout_rate, straggler_rate, max_update_norm)
+    if privacy is not None:
+        from . import privacy as privacy_mod
+
+        if not isinstance(privacy, privacy_mod.GaussianDP):
+            raise TypeError(f"privacy must be a fedprob.privacy.GaussianDP, got {type(privacy).__name__}")
+        privacy_mod.check_supported(algorithm)
     potential = get_potential(model, fed, model_kwargs)
     if potential.task == "classification":
         _check_labels(fed.pooled()[1], potential.num_classes, "federation")
@@ -128,30 +157,48 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
+    history, start = [], 0
+    if checkpoint_dir is not None:
+        settings = {"seed": int(seed), "clients_per_round": M, "client_chunk": client_chunk,
+                    "faults": faults, "privacy": privacy}
+        prints = ckpt.fingerprints(algorithm, potential, fed, settings)
+        restored = ckpt.restore(checkpoint_dir, prints, server, clients)
+        if restored is not None:
+            start, server, clients, history = restored
+            if start > rounds:
+                raise ValueError(f"the checkpoint in {checkpoint_dir} is at round {start}, beyond "
+                                 f"rounds={rounds}")
     round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
-                                                  clients, data, k_rounds)
-    history = []
+                                                  clients, data, k_rounds, faults, privacy)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=rounds, desc=type(algorithm).__name__, leave=False)
-    for r in range(rounds):
+        bar = tqdm(total=rounds, initial=start, desc=type(algorithm).__name__, leave=False)
+    for r in range(start, rounds):
         t = time.perf_counter()
         server, clients, info = round_fn(server, clients, data, jax.random.fold_in(k_rounds, r))
         server = jax.block_until_ready(server)
         dt = time.perf_counter() - t
         participants = np.asarray(info.participants)
         included = np.asarray(info.included)
+        scr = info.screen
         entry = {"round": r + 1, "time": dt, "participants": participants.tolist(),
-                 "excluded": participants[~included].tolist(),
+                 **fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
+                                 np.asarray(scr.finite), np.asarray(scr.norm), max_update_norm),
                  "server_update_ok": bool(info.server_finite)}
+        if privacy is not None:
+            entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, M / K, r + 1,
+                                                      privacy.delta)
+            entry["dp_delta"] = float(privacy.delta)
         for name, v in info.diagnostics.items():
             v = np.asarray(v, dtype=float)
             entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
             entry.update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
         history.append(entry)
+        if checkpoint_dir is not None:
+            ckpt.save(checkpoint_dir, r + 1, server, clients, history, prints)
         if bar is not None:
             shown = {k: f"{entry[k]:.3g}" for k in ("accuracy", "nll", "rmse") if k in entry}
             bar.set_postfix(shown)
@@ -162,8 +209,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     if excluded:
         first = next(iter(excluded))
         warnings.warn(f"{len(excluded)} round(s) left clients out of the aggregate because their updates "
-                      f"were not finite (first: round {first}, clients {excluded[first]}); see "
-                      "Result.excluded_clients", RuntimeWarning, stacklevel=2)
+                      f"were not finite or over max_update_norm (first: round {first}, clients "
+                      f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=2)
     posterior = algorithm.posterior(ctx, server, clients)
     return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time)
 

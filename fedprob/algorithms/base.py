@@ -17,6 +17,13 @@ caches compiled rounds on it) with pure methods:
 * ``posterior(ctx, server_state, client_states) -> GlobalPosterior``.
 
 ``default_rounds`` is 1 for one-round methods. ``ctx`` is a :class:`Context`.
+
+Optional hooks for message transforms (the norm bound of
+:mod:`fedprob.faults`, differential privacy of :mod:`fedprob.privacy`):
+``update_part(ctx, message)`` names the leaves of ONE client's message that
+are an update relative to the server state (``None``: the message has none),
+and ``with_update(ctx, message, update)`` is the message sent in place of
+``message`` once its update has been transformed.
 """
 from __future__ import annotations
 
@@ -59,6 +66,14 @@ class Algorithm:
 
     def posterior(self, ctx: Context, server_state, client_states):  # pragma: no cover
         raise NotImplementedError
+
+    def update_part(self, ctx: Context, message):
+        """The update leaves of one client's ``message``, or None when it has none."""
+        return None
+
+    def with_update(self, ctx: Context, message, update):
+        """``message`` with its update part replaced by ``update``."""
+        raise NotImplementedError(f"{type(self).__name__} names no update part")
 
 
 def masked_weights(weights, mask):

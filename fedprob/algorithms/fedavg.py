@@ -20,6 +20,8 @@ import optax
 
 from ..inference.optim import make_optimizer
 from ..posteriors import GlobalPosterior, Samples
+from ..potential import INIT_STRATEGIES
+from ..validation import check_choice, check_fraction, check_int, check_positive
 from .base import Algorithm, Context, weighted_mean
 from .local_training import client_steps, num_local_steps, train_locally
 
@@ -52,6 +54,19 @@ class FedAvg(Algorithm):
 
     default_rounds = 10
 
+    def __post_init__(self):
+        check_int("local_steps", self.local_steps) if self.local_steps is not None else None
+        check_positive("local_epochs", self.local_epochs, allow_none=True)
+        if self.local_steps is None and self.local_epochs is None:
+            raise ValueError("give local_steps or local_epochs")
+        if self.batch_size is not None:
+            check_int("batch_size", self.batch_size)
+        check_positive("learning_rate", self.learning_rate)
+        check_positive("server_learning_rate", self.server_learning_rate)
+        if self.server_momentum is not None:
+            check_fraction("server_momentum", self.server_momentum, high_open=True)
+        check_choice("init_strategy", self.init_strategy, INIT_STRATEGIES)
+
     # FedProx overrides this
     def _mu(self) -> float:
         return 0.0
@@ -81,6 +96,13 @@ class FedAvg(Algorithm):
         delta = weighted_mean(messages, weights, mask)
         upd, opt_state = self._server_opt().update(delta, opt_state, w)
         return optax.apply_updates(w, upd), opt_state
+
+    def update_part(self, ctx: Context, message):
+        """The whole message: the delta ``w_g - w_k``."""
+        return message
+
+    def with_update(self, ctx: Context, message, update):
+        return update
 
     def posterior(self, ctx: Context, server_state, client_states):
         return GlobalPosterior(ctx.potential, Samples(server_state[0][None]),

@@ -66,7 +66,9 @@ import optax
 from ..inference.iasg import IASG
 from ..inference.optim import make_optimizer
 from ..posteriors import GlobalPosterior
-from ..potential import make_target
+from ..potential import INIT_STRATEGIES, make_target
+from ..protocols import ClientBackend
+from ..validation import check_choice, check_fraction, check_positive
 from .. import gaussian
 from .base import Algorithm, Context, weighted_mean
 from . import fedpa_delta as dp
@@ -85,6 +87,11 @@ def default_client() -> IASG:
     """FedPA's default sampler: IASG with minibatches of 32 (Alg. 4)."""
     return IASG(step_size=None, num_burnin=100, steps_per_sample=20, num_samples=10, batch_size=32,
                 init_strategy="prior")
+
+
+def check_client(client) -> None:
+    if not isinstance(client, ClientBackend):
+        raise TypeError(f"FedPA's client must be a fedprob.inference backend, got {type(client).__name__}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +137,12 @@ class FedPA(Algorithm):
             raise ValueError(f"covariance_scale must be 'n' or a positive number, got {self.covariance_scale!r}")
         if int(self.burn_in_rounds) < 0:
             raise ValueError(f"burn_in_rounds must be >= 0, got {self.burn_in_rounds}")
+        check_positive("server_learning_rate", self.server_learning_rate)
+        if self.server_momentum is not None:
+            check_fraction("server_momentum", self.server_momentum, high_open=True)
+        check_choice("init_strategy", self.init_strategy, INIT_STRATEGIES)
+        if self.client is not None:
+            check_client(self.client)
         if self.client is not None and getattr(self.client, "output", "samples") != "samples":
             raise ValueError("FedPA needs a client backend that returns draws (output 'samples'), got "
                              f"{type(self.client).__name__}")
@@ -181,6 +194,14 @@ class FedPA(Algorithm):
         params = optax.apply_updates(server_state.params, upd)
         prec = float(ctx.num_rows) * weighted_mean(precs, weights, mask)
         return FedPAState(params, opt_state, server_state.round + 1, prec)
+
+    def update_part(self, ctx: Context, message):
+        """The delta (the precision diagonal is not an update)."""
+        return message[0]
+
+    def with_update(self, ctx: Context, message, update):
+        """``(update, 1)``: the precision diagonal is replaced by the data-independent 1 (see fedprob.privacy)."""
+        return update, jnp.ones_like(message[1])
 
     def posterior(self, ctx: Context, server_state, client_states):
         g = gaussian.from_mean_precision(server_state.params, server_state.precision)

@@ -17,7 +17,8 @@ class FedProx(FedAvg):
     mu: float = 0.01
 
     def __post_init__(self):
-        if self.mu < 0:
+        super().__post_init__()
+        if not self.mu >= 0:
             raise ValueError("FedProx needs mu >= 0")
 
     def _mu(self) -> float:

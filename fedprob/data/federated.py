@@ -41,7 +41,8 @@ class FederatedData:
     ``[:sizes[k]]``; padding repeats the client's first row (so every padded
     value is a valid input) and never enters a log density.
     sizes: (K,) rows per client. num_classes: the label range for
-    classification (None for regression).
+    classification (None for regression). ``from_clients`` keeps integer
+    labels integer (int32) and stores other targets as ``dtype``.
     """
 
     X: np.ndarray
@@ -73,9 +74,18 @@ class FederatedData:
             check_labels(yk, num_classes)
             Xs.append(Xk)
             ys.append(yk)
+        for name, arrs in (("X", Xs), ("y", ys)):
+            shapes = {a.shape[1:] for a in arrs}
+            if len(shapes) > 1:
+                first = arrs[0].shape[1:]
+                k = next(i for i, a in enumerate(arrs) if a.shape[1:] != first)
+                raise ValueError(f"client {k}'s {name} rows have shape {arrs[k].shape[1:]}, client 0's "
+                                 f"have {first}: every client needs rows of the same shape")
         sizes = np.array([x.shape[0] for x in Xs], dtype=np.int32)
         n_max = int(sizes.max())
-        ydt = np.int32 if num_classes is not None else dtype
+        # labels stay integer (class indices, counts) whether or not num_classes is given
+        int_labels = num_classes is not None or all(np.issubdtype(v.dtype, np.integer) for v in ys)
+        ydt = np.int32 if int_labels else dtype
 
         def pad(a, dt):
             out = np.empty((n_max,) + a.shape[1:], dtype=dt)

@@ -9,6 +9,14 @@ whose message or state is not finite as excluded, and applies
 that would not be finite is discarded (the previous server state is kept and
 the round is flagged), so the server state never silently becomes NaN.
 
+Optional faults and transforms (:mod:`fedprob.faults`,
+:mod:`fedprob.privacy`): simulated dropout and stragglers, a norm bound on
+client updates (a client over it is quarantined like a non-finite one), and
+a differential-privacy transform (clip and noise) applied to the messages
+before ``server_update``, which then gets equal weights. Their randomness
+comes from ``fold_in`` of the round key with fixed tags, so a run without
+them draws exactly the same keys as before.
+
 Client and server states are committed together: a client's new state is
 kept only when its update was finite AND the server update was accepted, so
 a rejected round changes no state at all (sites and duals of stateful
@@ -36,6 +44,8 @@ import numpy as np
 from fedprob.protocols import finite_flag
 
 from ..algorithms.base import Algorithm, Context
+from .. import faults as faults_mod
+from .. import privacy as privacy_mod
 
 #: compilations done by :func:`compiled_round` and :func:`compiled_init` (cache misses).
 COMPILE_COUNT = {"round": 0, "init": 0}
@@ -54,6 +64,7 @@ class RoundInfo(NamedTuple):
     included: jax.Array         # (M,) bool: update finite and aggregated
     server_finite: jax.Array    # () bool: server update accepted
     diagnostics: dict           # name -> (M,) per-client values
+    screen: Optional[faults_mod.Screen] = None   # per-client dropout / straggler / finite / norm
 
 
 def _where_tree(flag, new, old):
@@ -65,8 +76,12 @@ def _where_tree(flag, new, old):
 
 
 def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
-                  client_chunk: Optional[int] = None):
-    """The pure round function ``(server, clients, data, key) -> (server, clients, RoundInfo)``."""
+                  client_chunk: Optional[int] = None, faults=None, privacy=None):
+    """The pure round function ``(server, clients, data, key) -> (server, clients, RoundInfo)``.
+
+    faults: a :class:`fedprob.faults.Faults` (dropout, stragglers, norm bound);
+    privacy: a :class:`fedprob.privacy.GaussianDP` message transform.
+    """
     K, M = ctx.num_clients, num_participants
 
     def round_fn(server_state, client_states, data, key):
@@ -85,13 +100,18 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
             new_cs, msgs, diags, ok = jax.vmap(one)((cs, d, keys))
         else:
             new_cs, msgs, diags, ok = jax.lax.map(one, (cs, d, keys), batch_size=client_chunk)
-        new_server = algorithm.server_update(ctx, server_state, msgs, d.n, ok)
+        scr = faults_mod.screen(algorithm, ctx, msgs, ok, key, faults)
+        ok, weights = scr.ok, d.n
+        if privacy is not None:
+            msgs = privacy_mod.privatize(algorithm, ctx, msgs, ok, key, privacy)
+            weights = jnp.ones_like(d.n)
+        new_server = algorithm.server_update(ctx, server_state, msgs, weights, ok)
         server_ok = finite_flag(new_server) & jnp.any(ok)
         new_server = _where_tree(server_ok, new_server, server_state)
         # commit client states only together with the server update that used them
         merged = _where_tree(ok & server_ok, new_cs, cs)
         client_states = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), client_states, merged)
-        return new_server, client_states, RoundInfo(idx, ok, server_ok, diags)
+        return new_server, client_states, RoundInfo(idx, ok, server_ok, diags, scr)
 
     return round_fn
 
@@ -106,15 +126,16 @@ def _context_key(algorithm, ctx, data) -> tuple:
 
 
 def compiled_round(algorithm, ctx, num_participants, client_chunk, server_state, client_states,
-                   data, key):
+                   data, key, faults=None, privacy=None):
     """(compiled round function, compile seconds: 0.0 when cached)."""
     cache_key = ("round",) + _context_key(algorithm, ctx, data) + (
-        num_participants, client_chunk, _signature(server_state), _signature(client_states))
+        num_participants, client_chunk, _signature(server_state), _signature(client_states), faults,
+        privacy)
     hit = _CACHE.get(cache_key)
     if hit is not None:
         return hit, 0.0
     t0 = time.perf_counter()
-    fn = jax.jit(make_round_fn(algorithm, ctx, num_participants, client_chunk))
+    fn = jax.jit(make_round_fn(algorithm, ctx, num_participants, client_chunk, faults, privacy))
     compiled = fn.lower(server_state, client_states, data, key).compile()
     dt = time.perf_counter() - t0
     COMPILE_COUNT["round"] += 1

@@ -1,0 +1,106 @@
+"""Inputs that used to fail deep inside NumPyro or JAX now fail early with a clear message."""
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import fedprob as fp
+from conftest import linreg_model
+
+MODEL = linreg_model()
+FEDAVG = fp.algorithms.FedAvg(local_steps=2, batch_size=None, learning_rate=0.1)
+RNG = np.random.default_rng(0)
+
+
+def reg_fed(d=3, y_cols=None):
+    shape = (10,) if y_cols is None else (10, y_cols)
+    return fp.data.FederatedData.from_clients([(RNG.normal(size=(10, d)), RNG.normal(size=shape))] * 2)
+
+
+def test_discrete_likelihood_with_to_event_and_no_plate_asks_for_the_data_plate():
+    def model(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        numpyro.sample("obs", dist.Bernoulli(logits=X @ w).to_event(1), obs=y)
+
+    X = RNG.normal(size=(10, 3))
+    with pytest.raises(ValueError, match="needs a 'data' plate.*drop `.to_event"):
+        fp.Potential(model, X, (X[:, 0] > 0).astype(np.float32))
+
+
+def test_whole_vector_event_inside_the_plate_is_refused():
+    def model(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, 1.0).to_event(1), obs=y)
+
+    with pytest.raises(ValueError, match="y does not match the model's likelihood"):
+        fp.Potential(model, RNG.normal(size=(10, 3)), RNG.normal(size=10))
+
+
+def test_integer_labels_stay_integer_without_num_classes():
+    def clf(X, y=None):
+        W = numpyro.sample("W", dist.Normal(0, 1).expand([X.shape[1], 3]).to_event(2))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Categorical(logits=X @ W), obs=y)
+
+    fed = fp.data.FederatedData.from_clients([(RNG.normal(size=(10, 3)), RNG.integers(0, 3, 10))
+                                              for _ in range(2)])
+    assert fed.y.dtype == np.int32
+    r = fp.run(FEDAVG, clf, fed, rounds=1, progress=False)
+    probs = np.asarray(r.posterior.predict(fed.client(0)[0]))
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
+    assert reg_fed().y.dtype == np.float32           # real targets still become float32
+
+
+def test_predict_validates_inputs():
+    fed = reg_fed()
+    post = fp.run(FEDAVG, MODEL, fed, rounds=1, progress=False).posterior
+    with pytest.raises(ValueError, match="NaN/inf"):
+        post.predict(np.full((2, 3), np.nan))
+    with pytest.raises(ValueError, match=r"shape \(2, 4\).*rows of shape \(3,\)"):
+        post.predict(np.zeros((2, 4)))
+    with pytest.raises(ValueError, match=r"shape \(3,\)"):
+        post.predict(np.zeros(3))
+    with pytest.raises(ValueError, match="NaN/inf"):
+        post.log_predictive_density(np.full((2, 3), np.inf), np.zeros(2))
+    mean, var = post.predict(np.zeros((2, 3)))
+    assert np.all(np.isfinite(np.asarray(mean))) and np.all(np.asarray(var) > 0)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: fp.algorithms.FedAvg(learning_rate=-1), "learning_rate must be a positive"),
+    (lambda: fp.algorithms.FedAvg(local_steps=0), "local_steps must be an integer >= 1"),
+    (lambda: fp.algorithms.FedAvg(batch_size=0), "batch_size must be an integer >= 1"),
+    (lambda: fp.algorithms.FedAvg(local_steps=None, local_epochs=None), "local_steps or local_epochs"),
+    (lambda: fp.algorithms.FedAvg(server_learning_rate=0.0), "server_learning_rate must be a positive"),
+    (lambda: fp.algorithms.FedAvg(server_momentum=1.0), r"server_momentum must lie in \[0, 1\)"),
+    (lambda: fp.algorithms.FedAvg(init_strategy="random"), "init_strategy must be one of"),
+    (lambda: fp.algorithms.FedProx(learning_rate=float("nan")), "learning_rate must be a positive"),
+    (lambda: fp.algorithms.FedProx(mu=-0.1), "mu >= 0"),
+    (lambda: fp.algorithms.FedPA(server_learning_rate=-1), "server_learning_rate must be a positive"),
+    (lambda: fp.algorithms.EPMCMC(num_samples=1), "num_samples must be an integer >= 2"),
+])
+def test_algorithm_hyperparameters_are_validated(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_backend_an_algorithm_cannot_use_is_refused_naming_both():
+    with pytest.raises(ValueError, match="FedPA needs a client backend that returns draws.*got SVI"):
+        fp.algorithms.FedPA(client=fp.inference.SVI())
+    with pytest.raises(TypeError, match="FedPA's client must be a fedprob.inference backend, got str"):
+        fp.algorithms.FedPA(client="sgld")
+    with pytest.raises(TypeError, match="client must be a fedprob.inference backend"):
+        fp.algorithms.ConsensusMC(client=object())
+
+
+def test_data_that_do_not_match_the_model_or_each_other():
+    with pytest.raises(ValueError, match="y does not match the model's likelihood"):
+        fp.run(FEDAVG, MODEL, reg_fed(y_cols=2), rounds=1, progress=False)
+    with pytest.raises(ValueError, match=r"client 1's X rows have shape \(4,\), client 0's have \(3,\)"):
+        fp.data.FederatedData.from_clients([(np.zeros((3, 3)), np.zeros(3)), (np.zeros((3, 4)), np.zeros(3))])
+    fed = reg_fed()
+    with pytest.raises(ValueError, match=r"eval_data X rows have shape \(5,\)"):
+        fp.run(FEDAVG, MODEL, fed, rounds=1, progress=False, eval_data=(np.zeros((4, 5)), np.zeros(4)))
+    with pytest.raises(ValueError, match=r"eval_data y rows have shape \(2,\)"):
+        fp.run(FEDAVG, MODEL, fed, rounds=1, progress=False, eval_data=(np.zeros((4, 3)), np.zeros((4, 2))))
