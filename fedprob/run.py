@@ -36,7 +36,10 @@ class Result:
     finite and was left out), ``server_update_ok``, client diagnostics
     (means over participants, prefixed ``client_``) and eval metrics.
     compile_time / init_time: seconds spent compiling the round (0 when it
-    came from the cache) and initialising.
+    came from the cache) and initialising. eval_data: the (X, y) evaluated on
+    (None when none was given). client_diagnostics: one dict per round of
+    per-participant arrays (``participants``, ``included`` and every backend
+    diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
     """
 
     posterior: GlobalPosterior
@@ -47,6 +50,8 @@ class Result:
     context: Context
     compile_time: float
     init_time: float
+    eval_data: Any = None
+    client_diagnostics: list = dataclasses.field(default_factory=list)
 
     def metric(self, name: str) -> np.ndarray:
         """One history column as an array (NaN where a round lacks it)."""
@@ -57,12 +62,23 @@ class Result:
         """round -> client ids left out of that round's aggregate."""
         return {h["round"]: h["excluded"] for h in self.history if h["excluded"]}
 
-    def to_arviz(self, num_draws: int = 1000, seed: int = 0):
-        """The global posterior's draws as ArviZ InferenceData (one chain)."""
-        from .diagnostics import to_inference_data
+    def to_arviz(self, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, eval_data=None):
+        """ArviZ InferenceData (0.23) or DataTree (1.x); see :func:`fedprob.arviz_io.to_arviz`."""
+        from .arviz_io import to_arviz
 
-        draws = self.posterior.sample(jax.random.PRNGKey(seed), num_draws)
-        return to_inference_data({k: np.asarray(v)[None] for k, v in draws.items()})
+        return to_arviz(self, num_draws=num_draws, num_chains=num_chains, seed=seed, eval_data=eval_data)
+
+    def diagnostics(self, warn: bool = True):
+        """Per-scope (global, each client) ESS, R-hat, Gaussian gap and sampler health as a Table."""
+        from .arviz_io import diagnostics_table
+
+        return diagnostics_table(self, warn=warn)
+
+    def report(self, path, name: Optional[str] = None) -> str:
+        """Write a self-contained HTML report of this result to ``path``; returns the path."""
+        from .report import result_report
+
+        return result_report(self, path, name=name)
 
 
 def _check_eval(eval_data, potential: Potential):
@@ -130,7 +146,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
 
     round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
                                                   clients, data, k_rounds)
-    history = []
+    history, client_diag = [], []
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -152,6 +168,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
             entry.update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
         history.append(entry)
+        client_diag.append({"participants": participants, "included": included,
+                            **{n: np.asarray(v) for n, v in info.diagnostics.items()}})
         if bar is not None:
             shown = {k: f"{entry[k]:.3g}" for k in ("accuracy", "nll", "rmse") if k in entry}
             bar.set_postfix(shown)
@@ -165,6 +183,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                       f"were not finite (first: round {first}, clients {excluded[first]}); see "
                       "Result.excluded_clients", RuntimeWarning, stacklevel=2)
     posterior = algorithm.posterior(ctx, server, clients)
-    return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time)
+    return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, evald,
+                  client_diag)
 
 
