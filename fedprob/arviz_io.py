@@ -106,10 +106,17 @@ def global_chains(result, num_draws: int, num_chains: int, seed: int):
     return kind, z[None], "the algorithm's stored draws of the global posterior, as one chain"
 
 
+def _constrain_impl(potential, z):
+    return jax.vmap(potential.constrain)(z)
+
+
+_constrain_jit = jax.jit(_constrain_impl, static_argnums=0)
+
+
 def _constrain(potential, z):
     """flat (..., d) -> dict of constrained sites with the same leading axes."""
     lead = z.shape[:-1]
-    vals = jax.vmap(potential.constrain)(jnp.asarray(z.reshape(-1, z.shape[-1])))
+    vals = _constrain_jit(potential, jnp.asarray(z.reshape(-1, z.shape[-1])))
     return {k: np.asarray(v).reshape(lead + v.shape[1:]) for k, v in vals.items()}
 
 
@@ -197,12 +204,20 @@ def _set_attrs(idata, attrs):
 
 
 def _per_draw_impl(pot, z, X, y, key):
+    """Pointwise log likelihood (C, S, n) and one y draw per posterior draw (vmapped; no scan, fast to compile)."""
     C, S, d = z.shape
     flat = z.reshape(C * S, d)
-    yy = y if pot.task == "regression" else y.astype(jnp.int32)
-    ll = jax.lax.map(lambda t: pot.pointwise_log_likelihood(t, X, yy), flat, batch_size=64)
-    keys = jax.random.split(key, C * S)
-    yrep = jax.lax.map(lambda a: pot.predictive_distribution(a[0], X).sample(a[1]), (flat, keys), batch_size=64)
+    if pot.task == "classification":
+        yy = y.astype(jnp.int32)
+        classes = jnp.arange(pot.num_classes, dtype=jnp.int32)
+        lp = jax.vmap(lambda t: jax.vmap(lambda c: pot.pointwise_log_likelihood(t, X, jnp.full(yy.shape, c)))(
+            classes))(flat)                                                    # (CS, classes, n)
+        ll = jnp.take_along_axis(lp, yy[None, None, :], axis=1)[:, 0]
+        yrep = jax.random.categorical(key, jnp.swapaxes(lp, 1, 2), axis=-1)
+    else:
+        ll = jax.vmap(lambda t: pot.pointwise_log_likelihood(t, X, y))(flat)
+        keys = jax.random.split(key, C * S)
+        yrep = jax.vmap(lambda t, k: pot.predictive_distribution(t, X).sample(k))(flat, keys)
     return ll.reshape(C, S, -1), yrep.reshape((C, S) + yrep.shape[1:])
 
 
