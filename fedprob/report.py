@@ -142,9 +142,10 @@ def html_report(runs, path, title: str = "fedprob report") -> str:
             t = Table(r["diagnostics"], notes=r.get("warnings", ()))
             parts.append("<h3>Diagnostics</h3>" + t._repr_html_())
         idata = r.get("idata")
-        if idata is not None:
+        if idata is not None and getattr(idata, "attrs", {}).get("kind") not in ("point estimate", "predictive"):
             try:
                 parts.append("<h3>Trace and rank</h3>" + figure_html(plots.trace(idata), "trace"))
+                parts.append(figure_html(plots.rank(idata), "rank"))
             except (ValueError, KeyError) as e:
                 parts.append(f"<p>no trace plot: {html.escape(str(e))}</p>")
     parts.append("</body></html>")
