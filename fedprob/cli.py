@@ -1,19 +1,12 @@
 """The ``fedprob`` command line.
 
-    fedprob demo [--out DIR] [--rounds R] [--quick]
-    fedprob run CONFIG.toml [--out DIR]
-    fedprob report RUN_DIR
+    fedprob demo [--out DIR] [--rounds R] [--quick] [--seed S]
+    fedprob run CONFIG.toml [--out DIR] [--seed S] [--set table.key=value ...] [--force]
+    fedprob report RUN_DIR [--out FILE.html]
 
-A run configuration is TOML with the tables ``[data]`` (``name``: digits,
-mnist, fashion_mnist, credit_approval, heart_disease or a UCI regression set;
-``root`` for files on disk), ``[partition]`` (``num_clients``, ``scheme`` and
-its options), ``[model]`` (``name`` of a model in ``fedprob.models`` plus its
-keyword arguments), ``[algorithm]`` (``name`` in ``fedprob.algorithms`` plus
-keyword arguments), optional ``[client]`` (``name`` of a backend in
-``fedprob.inference`` plus keyword arguments, passed as ``client=``) and
-``[run]`` (``rounds``, ``seed``, ``clients_per_round``). A run directory
-holds the configuration, ``history.json``, ``metrics.json`` and
-``posterior.npz`` (arrays only, no pickle).
+The configuration keys are in :mod:`fedprob.config` (and ``fedprob run
+--help``); run directories in :mod:`fedprob.rundir`. Errors are one line on
+stderr with exit status 2, not tracebacks.
 """
 from __future__ import annotations
 
@@ -23,111 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from . import config as C
 from .report import format_table
 
-UCI_SETS = ("air_quality", "bike_sharing", "wine_quality", "real_estate", "forest_fires")
-
-
-def load_dataset(cfg: dict):
-    """A fedprob Dataset from the [data] table."""
-    from . import data
-
-    name = cfg.get("name", "digits")
-    root = cfg.get("root")
-    kw = {k: v for k, v in cfg.items() if k not in ("name", "root")}
-    if name == "digits":
-        return data.load_digits(**kw)
-    if root is None:
-        raise ValueError(f"data set '{name}' is read from disk: give [data] root = \"...\"")
-    if name == "mnist":
-        return data.load_mnist(root, **kw)
-    if name == "fashion_mnist":
-        return data.load_fashion_mnist(root, **kw)
-    if name == "credit_approval":
-        return data.load_credit_approval(root, **kw)
-    if name == "heart_disease":
-        return data.load_heart_disease(root, **kw)
-    if name in UCI_SETS:
-        return data.load_uci(name, root, **kw)
-    raise ValueError(f"unknown data set '{name}'")
-
-
-def _named(module, table: dict, what: str):
-    if "name" not in table:
-        raise ValueError(f"[{what}] needs a name")
-    name = table["name"]
-    obj = getattr(module, name, None)
-    if obj is None or name.startswith("_"):
-        raise ValueError(f"unknown {what} '{name}'")
-    return obj, {k: v for k, v in table.items() if k != "name"}
+UCI_SETS = C.UCI_SETS
 
 
 def build_from_config(cfg: dict):
     """(algorithm, model, fed, eval_data, run kwargs) from a parsed configuration."""
-    from . import algorithms, inference, models
-
-    ds = load_dataset(cfg.get("data", {}))
-    part = dict(cfg.get("partition", {}))
-    scheme = part.pop("scheme", "iid")
-    num_clients = part.pop("num_clients", None if scheme == "groups" else 10)
-    fed = ds.partition(num_clients, scheme, **part)
-    model_fn, model_kw = _named(models, cfg.get("model", {}), "model")
-    if model_fn.__name__ in ("softmax_regression", "bnn_mlp", "cnn") and ds.num_classes is not None:
-        model_kw.setdefault("num_classes", ds.num_classes)
-    model = model_fn(**model_kw)
-    algo_cls, algo_kw = _named(algorithms, cfg.get("algorithm", {}), "algorithm")
-    if "client" in cfg:
-        backend_cls, backend_kw = _named(inference, cfg["client"], "client")
-        algo_kw["client"] = backend_cls(**backend_kw)
-    algo = algo_cls(**algo_kw)
-    run_kw = dict(cfg.get("run", {}))
-    return algo, model, fed, ds.test, run_kw
-
-
-def save_run(out: Path, cfg: dict, result, total_time: float) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
-    (out / "history.json").write_text(json.dumps(result.history, indent=2, default=float))
-    final = {k: v for k, v in result.history[-1].items() if isinstance(v, (int, float))}
-    final.update(total_time=total_time, compile_time=result.compile_time, init_time=result.init_time)
-    (out / "metrics.json").write_text(json.dumps(final, indent=2))
-    mean = {k: np.asarray(v) for k, v in result.posterior.mean.items()}
-    np.savez(out / "posterior.npz", **{f"mean/{k}": v for k, v in mean.items()})
-
-
-def cmd_run(args) -> int:
-    import tomllib
-
-    from .run import run
-
-    cfg = tomllib.loads(Path(args.config).read_text())
-    algo, model, fed, test, run_kw = build_from_config(cfg)
-    t = time.perf_counter()
-    result = run(algo, model, fed, eval_data=test, progress=not args.quiet, **run_kw)
-    total = time.perf_counter() - t
-    out = Path(args.out or Path("runs") / Path(args.config).stem)
-    save_run(out, cfg, result, total)
-    print(format_table([summary_row(type(algo).__name__, result, total)]))
-    print(f"run directory: {out}")
-    return 0
-
-
-def cmd_report(args) -> int:
-    d = Path(args.run_dir)
-    if not (d / "history.json").exists():
-        print(f"{d} is not a run directory (no history.json)", file=sys.stderr)
-        return 2
-    history = json.loads((d / "history.json").read_text())
-    cols = [c for c in ("round", "time", "accuracy", "nll", "ece", "rmse", "coverage_95", "client_loss")
-            if any(c in h for h in history)]
-    rows = [{c: h.get(c, "") for c in cols} for h in history]
-    print(format_table(rows))
-    excluded = {h["round"]: h["excluded"] for h in history if h.get("excluded")}
-    if excluded:
-        print(f"clients left out (round: ids): {excluded}")
-    return 0
+    return C.build(cfg)
 
 
 def summary_row(name: str, result, total: float) -> dict:
@@ -141,37 +38,113 @@ def summary_row(name: str, result, total: float) -> dict:
     return row
 
 
-def cmd_demo(args) -> int:
-    from .demo import run_demo
+def cmd_run(args) -> int:
+    from .rundir import prepare, save_run
+    from .run import run
 
-    rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet)
-    table = format_table(rows)
-    print(table)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "demo.json").write_text(json.dumps(rows, indent=2))
-        (out / "demo.md").write_text(table + "\n")
-        print(f"wrote {out / 'demo.json'} and {out / 'demo.md'}")
+    path = Path(args.config)
+    if not path.exists():
+        raise ValueError(f"no configuration file {path}")
+    cfg = C.override(C.loads(path.read_text()), args.set)
+    if args.seed is not None:
+        cfg.setdefault("run", {})["seed"] = args.seed
+    C.validate(cfg)
+    out = Path(args.out or Path("runs") / path.stem)
+    prepare(out, args.force)          # refuse an existing run directory before any work
+    algo, model, fed, test, run_kw = C.build(cfg)
+    t = time.perf_counter()
+    result = run(algo, model, fed, eval_data=test, progress=not args.quiet, **run_kw)
+    total = time.perf_counter() - t
+    save_run(out, result, cfg, total, name=type(algo).__name__, overwrite=True)
+    print(format_table([summary_row(type(algo).__name__, result, total)]))
+    print(f"run directory: {out}")
     return 0
 
 
-def main(argv=None) -> int:
+def cmd_report(args) -> int:
+    from .report import html_report
+    from .rundir import load_runs
+
+    d = Path(args.run_dir)
+    runs = load_runs(d)
+    out = Path(args.out) if args.out else (d / "report.html")
+    html_report(runs, out, title=f"fedprob report: {d.name}")
+    for r in runs:
+        from .report import history_rows
+
+        print(f"## {r['name']}")
+        print(format_table(history_rows(r["history"])))
+        excluded = {h["round"]: h["excluded"] for h in r["history"] if h.get("excluded")}
+        if excluded:
+            print(f"clients left out (round: ids): {excluded}")
+    print(f"report: {out}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    out = None
+    if args.out:
+        from .rundir import prepare
+
+        out = prepare(args.out, args.force)
+    rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet, seed=args.seed, out=out)
+    table = format_table(rows)
+    print(table)
+    if out is not None:
+        (out / "demo.json").write_text(json.dumps(rows, indent=2))
+        (out / "demo.md").write_text(table + "\n")
+        print(f"wrote {out / 'demo.json'}, {out / 'demo.md'} and one run directory per method in {out}")
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedprob")
+    except PackageNotFoundError:  # pragma: no cover - not installed
+        return "unknown"
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedprob", description="Bayesian federated learning on NumPyro")
+    p.add_argument("--version", action="version", version=f"fedprob {_version()}")
+    p.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="digits, 10 clients, Dirichlet split: methods side by side")
-    d.add_argument("--out", help="write demo.json and demo.md here")
+    d.add_argument("--out", help="write demo.json, demo.md and one run directory per method here")
     d.add_argument("--rounds", type=int, default=20, help="rounds of the multi-round methods")
     d.add_argument("--quick", action="store_true", help="a smaller, faster version")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--force", action="store_true", help="overwrite an existing --out directory")
     d.add_argument("--quiet", action="store_true")
-    r = sub.add_parser("run", help="run a TOML configuration")
+    r = sub.add_parser("run", help="run a TOML configuration", epilog=C.HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("config")
-    r.add_argument("--out")
+    r.add_argument("--out", help="run directory (default runs/<config name>)")
+    r.add_argument("--seed", type=int, help="overrides [run] seed")
+    r.add_argument("--set", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override a configuration key (repeatable)")
+    r.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     r.add_argument("--quiet", action="store_true")
-    rep = sub.add_parser("report", help="summarise a run directory")
-    rep.add_argument("run_dir")
-    args = p.parse_args(argv)
-    return {"demo": cmd_demo, "run": cmd_run, "report": cmd_report}[args.cmd](args)
+    rep = sub.add_parser("report", help="write RUN_DIR/report.html (one page, figures embedded)")
+    rep.add_argument("run_dir", help="a run directory, or a directory of run directories (fedprob demo --out)")
+    rep.add_argument("--out", help="the HTML file (default RUN_DIR/report.html)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return {"demo": cmd_demo, "run": cmd_run, "report": cmd_report}[args.cmd](args)
+    except (ValueError, TypeError, FileExistsError, FileNotFoundError, ImportError) as e:
+        if args.traceback:
+            raise
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"fedprob {args.cmd}: error: {msg}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

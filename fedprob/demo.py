@@ -35,8 +35,18 @@ def demo_methods(rounds: int, quick: bool):
     ]
 
 
-def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed: int = 0):
-    """Run every demo method on digits and return one summary row per method."""
+def slug(name: str) -> str:
+    """A directory name for a method name."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
+
+
+def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed: int = 0, out=None):
+    """Run every demo method on digits and return one summary row per method.
+
+    out: a directory to write one run directory per method into (:mod:`fedprob.rundir`).
+    """
     from . import data, models
     from .cli import summary_row
     from .run import run
@@ -51,7 +61,14 @@ def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed:
         t = time.perf_counter()
         result = run(algo, model, fed, rounds=r, seed=seed, eval_data=ds.test, progress=progress,
                      eval_every=max(r, 1))
-        rows.append(summary_row(name, result, time.perf_counter() - t))
+        total = time.perf_counter() - t
+        rows.append(summary_row(name, result, total))
+        if out is not None:
+            from pathlib import Path
+
+            from .rundir import save_run
+
+            save_run(Path(out) / slug(name), result, total_time=total, name=name, num_draws=200)
         if isinstance(algo, PredictiveBayes) and algo.pooling != "product":
             rows.append(_product_row(name, algo, result, ds.test))
     return rows

@@ -1,12 +1,26 @@
-"""ArviZ shim: one place that talks to ArviZ (0.23 on Python 3.11, 1.x on >= 3.12).
+"""ArviZ shim and sampler diagnostics (ArviZ 0.23 on Python 3.11, 1.x on >= 3.12).
 
-Only bulk ESS and R-hat are compared across versions.
+One place talks to ArviZ. Conventions: draws are arrays ``(chains, draws, ...)``;
+:func:`ess` (bulk or tail) and :func:`rhat` (rank-normalised split R-hat) are
+ArviZ's own, computed on every trailing element at once; only bulk ESS and
+R-hat are compared across ArviZ versions. :func:`make_inference_data` builds
+InferenceData (0.23) or a DataTree (1.x) from plain arrays with named dims.
+:func:`importance_ess` is the importance-sampling ESS of approximate draws
+against a reference log density (FedPA paper, App. A.2);
+:func:`gaussian_gap` measures how far draws are from their Gaussian summary.
 """
 from __future__ import annotations
 
+import math
 import warnings
+from typing import Callable, Optional
 
 import numpy as np
+
+#: thresholds of :func:`check`: bulk/tail ESS below, R-hat above, Gaussian gap above
+ESS_MIN = 100.0
+RHAT_MAX = 1.01
+GAP_MAX = 0.5
 
 
 def _az():
@@ -18,42 +32,184 @@ def _az():
     return az
 
 
-def to_inference_data(draws: dict):
-    """dict site -> (chains, draws, ...) array -> ArviZ posterior object."""
+def _dataset(arrays: dict, dims: Optional[dict] = None, coords: Optional[dict] = None,
+             attrs: Optional[dict] = None, lead=("chain", "draw")):
+    """An xarray Dataset of ``name -> array`` whose leading axes are ``lead`` and the rest named by ``dims``."""
+    import xarray as xr
+
+    dims = dims or {}
+    data = {}
+    for name, a in arrays.items():
+        a = np.asarray(a)
+        extra = list(dims.get(name, []))
+        n_extra = a.ndim - len(lead) - len(extra)
+        if n_extra < 0:
+            raise ValueError(f"{name}: array of shape {a.shape} has fewer axes than dims {list(lead) + extra}")
+        extra += [f"{name}_dim_{i}" for i in range(n_extra)]
+        data[name] = (tuple(lead) + tuple(extra), a)
+    used = {d for v in data.values() for d in v[0]}
+    co = {k: v for k, v in (coords or {}).items() if k in used}
+    return xr.Dataset(data, coords=co, attrs=_clean_attrs(attrs or {}))
+
+
+def _clean_attrs(attrs: dict) -> dict:
+    """Attributes NetCDF can store: strings and numbers (others as their str)."""
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, (bool, np.bool_)):
+            out[k] = int(v)
+        elif isinstance(v, (str, int, float, np.integer, np.floating)):
+            out[k] = v
+        else:
+            out[k] = str(v)
+    return out
+
+
+def make_inference_data(groups: dict):
+    """InferenceData (ArviZ 0.23) or DataTree (1.x) from ``group name -> xarray Dataset``."""
     az = _az()
-    posterior = {k: np.asarray(v) for k, v in draws.items()}
-    if hasattr(az, "from_dict"):
-        try:
-            return az.from_dict(posterior=posterior)
-        except TypeError:  # arviz 1.x takes groups as a mapping
-            return az.from_dict({"posterior": posterior})
-    return az.from_dict({"posterior": posterior})  # pragma: no cover
+    if hasattr(az, "InferenceData"):
+        return az.InferenceData(**groups)
+    import xarray as xr  # arviz 1.x: a DataTree with one child per group
+
+    return xr.DataTree.from_dict({f"/{k}": v for k, v in groups.items()})
 
 
-def _values(idata, name):
-    post = idata.posterior if hasattr(idata, "posterior") else idata["posterior"]
-    return np.asarray(post[name])
+def to_inference_data(draws: dict, dims: Optional[dict] = None, coords: Optional[dict] = None):
+    """dict site -> (chains, draws, ...) array -> ArviZ object with a posterior group."""
+    return make_inference_data({"posterior": _dataset(draws, dims, coords)})
 
 
-def _elementwise(fn, draws) -> np.ndarray:
-    """Apply a (chains, draws) -> scalar ArviZ statistic to every trailing element."""
+def group(idata, name: str):
+    """A group of InferenceData or DataTree as an xarray Dataset (None when absent)."""
+    if hasattr(idata, "groups") and callable(idata.groups) and hasattr(idata, "_groups_all"):
+        return getattr(idata, name) if name in idata.groups() else None
+    if name in getattr(idata, "children", {}):
+        return idata[name].to_dataset()
+    return None
+
+
+def group_names(idata) -> list:
+    if hasattr(idata, "_groups_all"):
+        return list(idata.groups())
+    return list(idata.children)
+
+
+# -- ESS and R-hat ------------------------------------------------------------------------------
+
+def _stat(fn_name: str, draws, **kw) -> np.ndarray:
     x = np.asarray(draws, np.float64)
     if x.ndim < 2:
         raise ValueError(f"draws must have shape (chains, draws, ...), got {x.shape}")
-    flat = x.reshape(x.shape[0], x.shape[1], -1)
-    vals = []
-    for j in range(flat.shape[-1]):
-        r = fn(flat[:, :, j])
-        vals.append(float(np.asarray(getattr(r, "values", r))))
-    return np.array(vals).reshape(x.shape[2:])
-
-
-def ess(draws) -> np.ndarray:
-    """Bulk effective sample size of (chains, draws, ...) samples, elementwise."""
     az = _az()
-    return _elementwise(lambda a: az.ess(a, method="bulk"), draws)
+    ds = _dataset({"x": x.reshape(x.shape[0], x.shape[1], -1)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = getattr(az, fn_name)(ds, **kw)
+    return np.asarray(out["x"]).reshape(x.shape[2:])
+
+
+def ess(draws, method: str = "bulk") -> np.ndarray:
+    """Effective sample size (``method`` "bulk" or "tail") of (chains, draws, ...) samples, elementwise."""
+    if method not in ("bulk", "tail"):
+        raise ValueError(f"method must be 'bulk' or 'tail', got {method!r}")
+    return _stat("ess", draws, method=method)
 
 
 def rhat(draws) -> np.ndarray:
     """Rank-normalised split R-hat of (chains, draws, ...) samples, elementwise."""
-    return _elementwise(_az().rhat, draws)
+    return _stat("rhat", draws)
+
+
+def importance_ess(draws, log_density: Callable, proposal_log_density: Optional[Callable] = None) -> float:
+    """Importance-sampling ESS ``(sum_j w_j)^2 / sum_j w_j^2`` of (n, d) draws (FedPA paper, App. A.2).
+
+    ``log w_j = log_density(theta_j) - proposal_log_density(theta_j)``: the
+    reference (exact or NUTS) log posterior, unnormalised, against the
+    approximate sampler's density when known. Without a proposal density the
+    weights are proportional to the reference posterior density, as in the
+    paper. Lies in [1, n]; n when the draws come from the reference itself.
+    """
+    x = np.asarray(draws)
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"draws must have shape (n, d) with n >= 1, got {x.shape}")
+    logw = np.asarray([float(log_density(z)) for z in x]) if not _vectorised(log_density, x) \
+        else np.asarray(log_density(x), np.float64)
+    if proposal_log_density is not None:
+        logw = logw - (np.asarray(proposal_log_density(x), np.float64) if _vectorised(proposal_log_density, x)
+                       else np.asarray([float(proposal_log_density(z)) for z in x]))
+    if not np.all(np.isfinite(logw)):
+        raise ValueError("the log weights are not all finite")
+    logw = logw - logw.max()
+    w = np.exp(logw)
+    return float(w.sum() ** 2 / (w ** 2).sum())
+
+
+def _vectorised(fn, x) -> bool:
+    """True when ``fn`` maps (n, d) draws to (n,) values."""
+    try:
+        out = np.asarray(fn(x))
+    except Exception:  # noqa: BLE001 - a per-draw function
+        return False
+    return out.shape == (x.shape[0],)
+
+
+def gaussian_gap(draws) -> float:
+    """Largest distance, in sds, between empirical and Gaussian 5/25/50/75/95% quantiles of (n, d) draws.
+
+    0 for draws that are Gaussian in every coordinate (up to Monte Carlo
+    error, about 0.1 at n = 1000); large for skewed, heavy-tailed or
+    multimodal marginals that a moment-matched Gaussian summarises badly.
+    """
+    x = np.asarray(draws, np.float64)
+    x = x.reshape(-1, x.shape[-1])
+    if x.shape[0] < 10:
+        return float("nan")
+    p = np.array([0.05, 0.25, 0.5, 0.75, 0.95])
+    z = np.array([-1.6448536, -0.6744898, 0.0, 0.6744898, 1.6448536])
+    m, s = x.mean(0), x.std(0, ddof=1)
+    s = np.where(s > 0, s, np.inf)
+    q = np.quantile(x, p, axis=0)
+    return float(np.max(np.abs((q - m) / s - z[:, None])))
+
+
+def summarize(draws) -> dict:
+    """min bulk ESS, min tail ESS, max R-hat and the Gaussian gap of (chains, draws, d...) samples."""
+    x = np.asarray(draws, np.float64)
+    row = {"chains": int(x.shape[0]), "draws": int(x.shape[1])}
+    if x.shape[1] < 4:
+        row.update(ess_bulk=float("nan"), ess_tail=float("nan"), rhat=float("nan"), gaussian_gap=float("nan"))
+        return row
+    row["ess_bulk"] = float(np.nanmin(ess(x, "bulk")))
+    row["ess_tail"] = float(np.nanmin(ess(x, "tail")))
+    row["rhat"] = float(np.nanmax(rhat(x))) if x.shape[0] > 1 else float("nan")
+    row["gaussian_gap"] = gaussian_gap(x.reshape(x.shape[0] * x.shape[1], -1))
+    return row
+
+
+def check(rows, ess_min: float = ESS_MIN, rhat_max: float = RHAT_MAX, gap_max: float = GAP_MAX,
+          warn: bool = True) -> list:
+    """Warning messages for rows of :func:`summarize` (with a ``scope``: "global", "client 3").
+
+    Low bulk or tail ESS, high R-hat and a large Gaussian gap each give one
+    message naming the scope; with ``warn`` each is issued as a RuntimeWarning.
+    """
+    msgs = []
+    for r in rows:
+        scope = r.get("scope", "draws")
+        e = min(r.get("ess_bulk", math.inf), r.get("ess_tail", math.inf))
+        if e < ess_min:
+            msgs.append(f"{scope}: effective sample size {e:.0f} < {ess_min:g}")
+        if r.get("rhat", 1.0) > rhat_max:
+            msgs.append(f"{scope}: R-hat {r['rhat']:.3f} > {rhat_max:g} (chains disagree)")
+        if r.get("gaussian_gap", 0.0) > gap_max:
+            msgs.append(f"{scope}: draws are far from their Gaussian summary (quantile gap "
+                        f"{r['gaussian_gap']:.2f} sd > {gap_max:g})")
+    if warn:
+        for m in msgs:
+            warnings.warn(m, RuntimeWarning, stacklevel=2)
+    return msgs
+
+
+__all__ = ["ess", "rhat", "importance_ess", "gaussian_gap", "summarize", "check", "to_inference_data",
+           "make_inference_data", "group", "group_names"]

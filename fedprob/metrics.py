@@ -1,9 +1,14 @@
 """Predictive metrics of a posterior on held-out data.
 
 Classification: accuracy, NLL (mean negative log predictive probability),
-Brier score and expected calibration error (15 equal-width confidence bins).
+Brier score (sum over classes of squared errors, mean over points) and
+expected calibration error over ``ece_bins`` (15) equal-width confidence bins
+of [0, 1]; ``reliability`` holds the per-bin count, mean confidence and
+accuracy (the reliability curve; empty bins have count 0 and NaN values).
 Regression and counts: RMSE, MSE, NLL and, for regression, the coverage of
-the interval ``mean +- 1.96 sd`` of the predictive. The NLL is that of the
+the central intervals ``mean +- z sd`` of the predictive at 50% and 95%
+(``coverage_50``, ``coverage_95``) and ``reliability``: nominal against
+empirical coverage at 10%, 20%, ..., 90%, 95%. The NLL is that of the
 posterior's own predictive (:meth:`GlobalPosterior.log_predictive_density`:
 the mixture over draws for sample-based posteriors), not of a Gaussian fitted
 to its mean and variance, unless only a (mean, variance) prediction is given.
@@ -11,6 +16,19 @@ to its mean and variance, unless only a (mean, variance) prediction is given.
 from __future__ import annotations
 
 import numpy as np
+
+
+def reliability_bins(conf, correct, num_bins: int = 15) -> dict:
+    """Equal-width confidence bins of [0, 1]: edges, count, mean confidence, accuracy (NaN if empty)."""
+    conf = np.asarray(conf, np.float64)
+    correct = np.asarray(correct, np.float64)
+    bins = np.minimum((conf * num_bins).astype(int), num_bins - 1)
+    count = np.bincount(bins, minlength=num_bins).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mconf = np.bincount(bins, conf, num_bins) / count
+        acc = np.bincount(bins, correct, num_bins) / count
+    return {"edges": np.linspace(0, 1, num_bins + 1).tolist(), "count": count.astype(int).tolist(),
+            "confidence": mconf.tolist(), "accuracy": acc.tolist()}
 
 
 def classification_metrics(probs, y, num_bins: int = 15) -> dict:
@@ -21,14 +39,13 @@ def classification_metrics(probs, y, num_bins: int = 15) -> dict:
     pred = probs.argmax(1)
     correct = (pred == y).astype(float)
     onehot = np.eye(probs.shape[1])[y]
-    bins = np.minimum((conf * num_bins).astype(int), num_bins - 1)
-    ece = 0.0
-    for b in range(num_bins):
-        m = bins == b
-        if m.any():
-            ece += m.mean() * abs(correct[m].mean() - conf[m].mean())
+    rel = reliability_bins(conf, correct, num_bins)
+    cnt = np.asarray(rel["count"], float)
+    gap = np.abs(np.nan_to_num(np.asarray(rel["accuracy"]) - np.asarray(rel["confidence"])))
+    ece = float(np.sum(cnt / len(y) * gap))
     return {"accuracy": float(correct.mean()), "nll": float(-np.log(p_true).mean()),
-            "brier": float(((probs - onehot) ** 2).sum(1).mean()), "ece": float(ece)}
+            "brier": float(((probs - onehot) ** 2).sum(1).mean()), "ece": ece, "ece_bins": num_bins,
+            "reliability": rel}
 
 
 def regression_metrics(mean, var, y, log_density=None, coverage: bool = True) -> dict:
@@ -43,8 +60,20 @@ def regression_metrics(mean, var, y, log_density=None, coverage: bool = True) ->
         nll = float(-np.mean(np.asarray(log_density, np.float64)))
     out = {"rmse": float(np.sqrt(np.mean(err ** 2))), "mse": float(np.mean(err ** 2)), "nll": nll}
     if coverage:
-        out["coverage_95"] = float(np.mean(np.abs(err) <= 1.959964 * np.sqrt(var)))
+        sd = np.sqrt(var)
+        levels = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+        cov = [float(np.mean(np.abs(err) <= _z(p) * sd)) for p in levels]
+        out["coverage_95"] = cov[-1]
+        out["coverage_50"] = cov[4]
+        out["reliability"] = {"nominal": levels, "coverage": cov}
     return out
+
+
+def _z(p: float) -> float:
+    """The standard normal quantile of (1 + p) / 2 (half-width of the central p interval)."""
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + p / 2)
 
 
 def prediction_metrics(task: str, prediction, y, log_density=None) -> dict:

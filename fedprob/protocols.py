@@ -22,6 +22,14 @@ posterior form (``Samples`` (S, d) or ``Gaussian``), the final point (last
 iterate, MAP or mean: used to warm-start the next round), and a dict of
 scalar diagnostics.
 
+Several chains: a sampling backend with a ``num_chains`` field (> 1) runs
+that many independent chains per client through :func:`run_chains` (``run``
+vmapped over chain keys; chain 0 starts at ``init``, the others at
+``potential.init`` draws of their own). The draws are stacked chain-major,
+``Samples`` (num_chains * S, d), so ``draws.reshape(num_chains, S, d)``
+recovers the chains; scalar diagnostics are summed (``num_*``), and-ed
+(``finite``) or averaged over chains; ``params`` is chain 0's.
+
 Conventions: step sizes act on the gradient of the **log posterior**
 (a sum over the client's points); temperature T multiplies the variance of
 injected noise (T = 1 is the Bayesian posterior); ``batch_size=None`` is the
@@ -58,9 +66,42 @@ class ClientBackend:
         raise NotImplementedError
 
     def run_clients(self, key, potential, targets, inits) -> ClientResult:
-        """``run`` vmapped over a leading client axis of ``targets`` and ``inits``."""
+        """:func:`run_chains` vmapped over a leading client axis of ``targets`` and ``inits``."""
         keys = jax.random.split(key, inits.shape[0])
-        return jax.vmap(lambda k, t, z: self.run(k, potential, t, z))(keys, targets, inits)
+        return jax.vmap(lambda k, t, z: run_chains(self, k, potential, t, z))(keys, targets, inits)
+
+
+def num_chains(backend) -> int:
+    """The backend's ``num_chains`` (1 when it has no such field); a ValueError when not a positive int."""
+    c = getattr(backend, "num_chains", 1)
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ValueError(f"num_chains must be a positive integer, got {c!r}")
+    if c > 1 and getattr(backend, "output", "samples") != "samples":
+        raise ValueError(f"num_chains={c}: several chains need a sampling backend, "
+                         f"{type(backend).__name__} returns a Gaussian")
+    return c
+
+
+def run_chains(backend, key, potential, target, init) -> ClientResult:
+    """``backend.run`` on ``backend.num_chains`` chains (vmapped over chain keys), stacked chain-major."""
+    C = num_chains(backend)
+    if C == 1:
+        return backend.run(key, potential, target, init)
+    keys = jax.random.split(key, 2 * C)
+    starts = jax.vmap(lambda k: potential.init(k, backend.init_strategy))(keys[C + 1:])
+    inits = jnp.concatenate([init[None], starts.astype(init.dtype)], 0)
+    res = jax.vmap(lambda k, z: backend.run(k, potential, target, z))(keys[:C], inits)
+    draws = res.posterior.draws
+    stacked = Samples(draws.reshape((C * draws.shape[1],) + draws.shape[2:]))
+    diag = {}
+    for name, v in res.diagnostics.items():
+        if name == "finite" or v.dtype == jnp.bool_:
+            diag[name] = jnp.all(v)
+        elif name.startswith("num_"):
+            diag[name] = jnp.sum(v)
+        else:
+            diag[name] = jnp.mean(v)
+    return ClientResult(stacked, res.params[0], diag)
 
 
 def finite_flag(*trees) -> Array:
@@ -73,4 +114,4 @@ def finite_flag(*trees) -> Array:
     return ok
 
 
-__all__ = ["ClientBackend", "ClientResult", "ClientData", "LocalTarget", "finite_flag"]
+__all__ = ["ClientBackend", "ClientResult", "run_chains", "num_chains", "ClientData", "LocalTarget", "finite_flag"]

@@ -41,7 +41,10 @@ class Result:
     aggregated clients, prefixed ``client_``), eval metrics, and under
     differential privacy ``dp_epsilon`` / ``dp_delta`` (cumulative).
     compile_time / init_time: seconds spent compiling the round (0 when it
-    came from the cache) and initialising.
+    came from the cache) and initialising. eval_data: the (X, y) evaluated on
+    (None when none was given). client_diagnostics: one dict per round of
+    per-participant arrays (``participants``, ``included`` and every backend
+    diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
     """
 
     posterior: GlobalPosterior
@@ -52,6 +55,8 @@ class Result:
     context: Context
     compile_time: float
     init_time: float
+    eval_data: Any = None
+    client_diagnostics: list = dataclasses.field(default_factory=list)
 
     def metric(self, name: str) -> np.ndarray:
         """One history column as an array (NaN where a round lacks it)."""
@@ -67,12 +72,23 @@ class Result:
         """(round, client, reason) of every quarantined client."""
         return [(h["round"], f["client"], f["reason"]) for h in self.history for f in h.get("faults", ())]
 
-    def to_arviz(self, num_draws: int = 1000, seed: int = 0):
-        """The global posterior's draws as ArviZ InferenceData (one chain)."""
-        from .diagnostics import to_inference_data
+    def to_arviz(self, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, eval_data=None):
+        """ArviZ InferenceData (0.23) or DataTree (1.x); see :func:`fedprob.arviz_io.to_arviz`."""
+        from .arviz_io import to_arviz
 
-        draws = self.posterior.sample(jax.random.PRNGKey(seed), num_draws)
-        return to_inference_data({k: np.asarray(v)[None] for k, v in draws.items()})
+        return to_arviz(self, num_draws=num_draws, num_chains=num_chains, seed=seed, eval_data=eval_data)
+
+    def diagnostics(self, warn: bool = True):
+        """Per-scope (global, each client) ESS, R-hat, Gaussian gap and sampler health as a Table."""
+        from .arviz_io import diagnostics_table
+
+        return diagnostics_table(self, warn=warn)
+
+    def report(self, path, name: Optional[str] = None) -> str:
+        """Write a self-contained HTML report of this result to ``path``; returns the path."""
+        from .report import result_report
+
+        return result_report(self, path, name=name)
 
 
 def _check_eval(eval_data, potential: Potential):
@@ -170,6 +186,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                                  f"rounds={rounds}")
     round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
                                                   clients, data, k_rounds, faults, privacy)
+    client_diag = []    # per-round client diagnostics of this process's rounds (not checkpointed)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -197,6 +214,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
             entry.update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
         history.append(entry)
+        client_diag.append({"participants": participants, "included": included,
+                            **{n: np.asarray(v) for n, v in info.diagnostics.items()}})
         if checkpoint_dir is not None:
             ckpt.save(checkpoint_dir, r + 1, server, clients, history, prints)
         if bar is not None:
@@ -212,6 +231,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                       f"were not finite or over max_update_norm (first: round {first}, clients "
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=2)
     posterior = algorithm.posterior(ctx, server, clients)
-    return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time)
+    return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, evald,
+                  client_diag)
 
 

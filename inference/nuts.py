@@ -118,7 +118,8 @@ class NUTS(ClientBackend):
     target_accept_prob: dual-averaging target; max_tree_depth: cap on the
     doubling (2**depth - 1 leapfrog steps at most); dense_mass: adapt a full
     (True) or diagonal (False) inverse mass matrix; step_size: initial step
-    size (adapted when ``adapt_step_size``).
+    size (adapted when ``adapt_step_size``); num_chains: independent chains
+    per client (:func:`fedprob.protocols.run_chains`), so client R-hat is real.
     """
 
     num_warmup: int = 500
@@ -131,6 +132,7 @@ class NUTS(ClientBackend):
     adapt_step_size: bool = True
     adapt_mass_matrix: bool = True
     find_heuristic_step_size: bool = False
+    num_chains: int = 1
 
     output = "samples"
 
@@ -169,6 +171,7 @@ class HMC(ClientBackend):
     adapt_step_size: bool = True
     adapt_mass_matrix: bool = True
     find_heuristic_step_size: bool = False
+    num_chains: int = 1
 
     output = "samples"
 

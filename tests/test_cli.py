@@ -1,26 +1,13 @@
-"""The command line: demo, a TOML run and its report."""
+"""The command line: demo, a TOML run, its run directory and HTML report; configuration errors."""
 import json
+import tomllib
 
+import numpy as np
 import pytest
 
 from fedprob import cli
 
-
-def test_demo_quick_writes_table(tmp_path, capsys):
-    assert cli.main(["demo", "--quick", "--quiet", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "demo.json").read_text())
-    names = [r["method"] for r in rows]
-    assert "FedAvg" in names
-    for r in rows:
-        assert 0.0 <= r["accuracy"] <= 1.0 and r["nll"] > 0
-    # FedAvg learns digits well above chance even in the quick version
-    assert rows[names.index("FedAvg")]["accuracy"] > 0.5
-    assert "| method |" in capsys.readouterr().out
-
-
-def test_run_config_and_report(tmp_path, capsys):
-    cfg = tmp_path / "c.toml"
-    cfg.write_text("""
+CONFIG = """
 [data]
 name = "digits"
 [partition]
@@ -36,21 +23,91 @@ learning_rate = 1.0
 [run]
 rounds = 3
 seed = 0
-""")
+"""
+
+
+def test_demo_quick_prints_table(capsys):
+    assert cli.main(["demo", "--quick", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "| method |" in out and "FedAvg" in out and "PredictiveBayes" in out
+
+
+@pytest.mark.slow
+def test_demo_quick_writes_run_dirs_and_report(tmp_path, capsys):
+    assert cli.main(["demo", "--quick", "--quiet", "--out", str(tmp_path / "demo")]) == 0
+    rows = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    names = [r["method"] for r in rows]
+    assert "FedAvg" in names
+    for r in rows:
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["nll"] > 0
+    # FedAvg learns digits well above chance even in the quick version
+    assert rows[names.index("FedAvg")]["accuracy"] > 0.5
+    assert "| method |" in capsys.readouterr().out
+    # one run directory per method, which the report reads
+    assert (tmp_path / "demo" / "fedavg" / "posterior.nc").exists()
+    assert cli.main(["report", str(tmp_path / "demo")]) == 0
+    page = (tmp_path / "demo" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") >= 8 and "PredictiveBayes(cSGHMC)" in page
+
+
+def test_run_config_and_report(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG)
     out = tmp_path / "run"
-    assert cli.main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    assert cli.main(["run", str(cfg), "--out", str(out), "--quiet", "--set", "algorithm.learning_rate=0.5",
+                     "--seed", "3"]) == 0
     hist = json.loads((out / "history.json").read_text())
     assert len(hist) == 3 and hist[-1]["accuracy"] > 0.6
-    assert (out / "posterior.npz").exists()
+    assert hist[-1]["ece_bins"] == 15 and sum(hist[-1]["reliability"]["count"]) == 360
+    saved = tomllib.loads((out / "config.toml").read_text())
+    assert saved["algorithm"]["learning_rate"] == 0.5 and saved["run"]["seed"] == 3
+    csv = (out / "history.csv").read_text().splitlines()
+    assert csv[0].startswith("round,") and len(csv) == 4
+    post = np.load(out / "posterior.npz")
+    assert str(post["form"]) == "samples" and post["draws"].shape[0] == 1     # FedAvg: one point
     assert cli.main(["report", str(out)]) == 0
-    assert "accuracy" in capsys.readouterr().out
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and "data:image/png;base64," in page
+    assert "learning_rate" in page and "accuracy" in capsys.readouterr().out
+    # the saved configuration runs again; an existing run directory is refused, then overwritten with --force
+    assert cli.main(["run", str(out / "config.toml"), "--out", str(out), "--quiet"]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert cli.main(["run", str(out / "config.toml"), "--out", str(out), "--quiet", "--force",
+                     "--set", "run.rounds=1"]) == 0
+    assert len(json.loads((out / "history.json").read_text())) == 1
 
 
-def test_config_errors(tmp_path):
+@pytest.mark.parametrize("text, message", [
+    ('[runn]\nrounds = 2\n[model]\nname = "softmax_regression"\n[algorithm]\nname = "FedAvg"\n',
+     "unknown table [runn]"),
+    ('[run]\nrouds = 2\n[model]\nname = "softmax_regression"\n[algorithm]\nname = "FedAvg"\n',
+     "unknown key 'rouds' in [run]"),
+    ('[model]\nname = "softmax_regression"\n[algorithm]\nname = "FedAvg"\nlearning_rat = 1.0\n',
+     "unknown key 'learning_rat' in [algorithm]"),
+    ('[data]\nname = "digits"\n[model]\nname = "no_such_model"\n[algorithm]\nname = "FedAvg"\n',
+     "unknown model 'no_such_model'"),
+    ('[data]\nname = "mnist"\n[model]\nname = "softmax_regression"\n[algorithm]\nname = "FedAvg"\n', "root"),
+    ("[data\n", "not valid TOML"),
+])
+def test_config_errors_are_one_line(tmp_path, capsys, text, message):
     cfg = tmp_path / "bad.toml"
-    cfg.write_text('[data]\nname = "digits"\n[model]\nname = "no_such_model"\n[algorithm]\nname = "FedAvg"\n')
-    with pytest.raises(ValueError, match="unknown model"):
-        cli.main(["run", str(cfg), "--quiet"])
-    cfg.write_text('[data]\nname = "mnist"\n')
-    with pytest.raises(ValueError, match="root"):
-        cli.main(["run", str(cfg), "--quiet"])
+    cfg.write_text(text)
+    assert cli.main(["run", str(cfg), "--quiet", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_version_help_and_set_syntax(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("fedprob ")
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "[partition]" in text and "clients_per_round" in text and "--set" in text
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(CONFIG)
+    assert cli.main(["run", str(cfg), "--set", "learning_rate=1"]) == 2
+    assert "table.key=value" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "not a run directory" in capsys.readouterr().err

@@ -1,8 +1,9 @@
-"""The ArviZ shim: bulk ESS and R-hat on (chains, draws, ...) arrays."""
+"""The ArviZ shim: bulk/tail ESS and R-hat equal ArviZ's own; importance-sampling ESS; warnings."""
 import numpy as np
 import pytest
 
 from fedprob import diagnostics
+from fedprob.diagnostics import _az
 
 
 def test_ess_and_rhat_of_independent_and_stuck_chains():
@@ -22,3 +23,49 @@ def test_ess_and_rhat_of_independent_and_stuck_chains():
     assert diagnostics.rhat(stuck)[0] > 1.5
     with pytest.raises(ValueError, match="chains, draws"):
         diagnostics.ess(np.zeros(10))
+    with pytest.raises(ValueError, match="bulk"):
+        diagnostics.ess(iid, method="mean")
+
+
+def test_equal_to_arviz_on_the_same_arrays():
+    az = _az()
+    rng = np.random.default_rng(1)
+    x = np.cumsum(rng.normal(size=(3, 400, 2, 2)), axis=1) * 0.1 + rng.normal(size=(3, 400, 2, 2))
+    for method in ("bulk", "tail"):
+        ours = diagnostics.ess(x, method)
+        theirs = np.array([[float(az.ess(x[:, :, i, j], method=method)) for j in range(2)] for i in range(2)])
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+    theirs = np.array([[float(az.rhat(x[:, :, i, j])) for j in range(2)] for i in range(2)])
+    np.testing.assert_allclose(diagnostics.rhat(x), theirs, rtol=1e-10)
+
+
+def test_importance_ess():
+    # weights 1, 2, 3: (1 + 2 + 3)^2 / (1 + 4 + 9)
+    draws = np.array([[0.0], [1.0], [2.0]])
+    assert diagnostics.importance_ess(draws, lambda z: np.log(z[:, 0] + 1.0)) == pytest.approx(36 / 14)
+    # draws from the reference itself, its density as the proposal: every weight equal, ESS = n
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(500, 2))
+    logp = lambda a: -0.5 * np.sum(a ** 2, -1)               # noqa: E731
+    assert diagnostics.importance_ess(z, logp, logp) == pytest.approx(500)
+    # too wide a sampler (sd 2 for sd 1): ESS/n -> 1 / E_q[(p/q)^2] = (sqrt(2 s^2 - 1) / s^2)^d = (sqrt(7)/4)^2
+    q = 2.0 * rng.normal(size=(20000, 2))
+    logq = lambda a: -0.5 * np.sum((a / 2.0) ** 2, -1)       # noqa: E731
+    assert diagnostics.importance_ess(q, logp, logq) / 20000 == pytest.approx(7 / 16, rel=0.1)
+    # a per-draw function works too
+    assert diagnostics.importance_ess(draws, lambda v: float(np.log(v[0] + 1.0))) == pytest.approx(36 / 14)
+    with pytest.raises(ValueError, match="finite"):
+        diagnostics.importance_ess(draws, lambda a: np.log(a[:, 0]))
+
+
+def test_gaussian_gap_and_warnings_name_the_client():
+    rng = np.random.default_rng(0)
+    assert diagnostics.gaussian_gap(rng.normal(size=(4000, 3))) < 0.1
+    bimodal = np.concatenate([rng.normal(-3, 0.3, 2000), rng.normal(3, 0.3, 2000)])[:, None]
+    assert diagnostics.gaussian_gap(bimodal) > 0.5
+    rows = [{"scope": "client 3", **diagnostics.summarize(rng.normal(size=(4, 500, 2)) + np.arange(4)[:, None, None])},
+            {"scope": "client 4", **diagnostics.summarize(rng.normal(size=(4, 500, 2)))}]
+    with pytest.warns(RuntimeWarning, match="client 3: R-hat") as rec:
+        msgs = diagnostics.check(rows)
+    assert len(rec) == len(msgs)
+    assert msgs and all(m.startswith("client 3") for m in msgs)

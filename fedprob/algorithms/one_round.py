@@ -54,7 +54,7 @@ from ..gaussian import prior_draws, prior_gaussian  # noqa: F401  (names kept fo
 from ..inference import NUTS
 from ..inference.sgmcmc import effective_sample_size
 from ..posteriors import Gaussian, Samples
-from ..protocols import ClientBackend, ClientResult, finite_flag
+from ..protocols import ClientBackend, ClientResult, finite_flag, run_chains
 from ..potential import make_target
 from ..validation import check_choice, check_int  # noqa: F401  (re-exported to the methods)
 from .base import Algorithm, Context, masked_sum
@@ -158,7 +158,7 @@ class OneRoundAlgorithm(Algorithm):
         backend = self.backend
         target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx))
         z0 = ctx.potential.init(k_init, backend.init_strategy)
-        return backend.run(k_run, ctx.potential, target, z0)
+        return run_chains(backend, k_run, ctx.potential, target, z0)
 
     def _client_message(self, ctx: Context, data, key, start_key=None):
         k_run, k_msg = jax.random.split(key)
@@ -361,7 +361,7 @@ def _run_all(backend, ctx, prior_weight, shared_start, data, k_start, k_run):
     def one(d, k):
         k_init, k = jax.random.split(k)
         z0 = ctx.potential.init(k_start if shared_start else k_init, strategy)
-        res = backend.run(k, ctx.potential, make_target(d, ctx.dim, prior_weight=prior_weight), z0)
+        res = run_chains(backend, k, ctx.potential, make_target(d, ctx.dim, prior_weight=prior_weight), z0)
         return res, finite_flag(res.posterior)
 
     return jax.vmap(one)(data, jax.random.split(k_run, K))

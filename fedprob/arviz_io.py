@@ -1,0 +1,291 @@
+"""A :class:`~fedprob.run.Result` as ArviZ data, and its diagnostics table.
+
+Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
+
+* ``posterior``: the global posterior, every NumPyro site constrained, dims
+  ``(chain, draw, *site dims)``. A Gaussian global posterior gives
+  ``num_chains`` chains of independent draws; an ensemble gives each client
+  chain's draws (chain c of the global = chain c of every client,
+  interleaved); other draw-based posteriors give their stored draws as one
+  chain. A point estimate (FedAvg, OneShotAverage) is one draw labelled
+  ``kind = "point estimate"``, never repeated into fake draws. The
+  predictive-space methods (PredictiveBayes) have no global parameter
+  posterior: the group is left out and ``attrs["no_posterior"]`` says why.
+* ``client_posterior``: each client's local posterior, dims
+  ``(chain, draw, client, *site dims)`` with the backend's ``num_chains``,
+  where the server keeps the clients' draws (Ensemble, PredictiveBayes);
+  summing methods keep only sufficient statistics, so it is absent.
+* ``sample_stats``: the backends' diagnostics per ``(round, client)``
+  (acceptance, divergences, step sizes, gradient-noise ratio, ...), with
+  ``participated`` and ``excluded`` flags; NaN where a client sat out.
+* ``observed_data``, ``posterior_predictive`` (draws of y, one per
+  posterior draw) and ``log_likelihood`` (pointwise, per draw) on the
+  evaluation set, so ``az.loo``/``az.compare`` work across algorithms; for
+  predictive-space methods ``posterior_predictive`` draws from the pooled
+  predictive and ``log_likelihood`` is absent (no per-draw likelihood).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+from . import diagnostics as D
+from .posteriors import Gaussian, Samples
+
+
+def _kind(post) -> str:
+    from .algorithms.ensemble import EnsemblePosterior
+    from .algorithms.predictive_bayes import PredictiveBayesPosterior
+
+    if isinstance(post, PredictiveBayesPosterior):
+        return "predictive"
+    if isinstance(post, EnsemblePosterior):
+        return "ensemble"
+    if isinstance(post.form, Gaussian):
+        return "gaussian"
+    if post.form.draws.reshape(-1, post.form.draws.shape[-1]).shape[0] == 1:
+        return "point estimate"
+    return "samples"
+
+
+def _chains_of(result) -> int:
+    from .protocols import num_chains
+
+    backend = getattr(result.algorithm, "backend", None) or getattr(result.algorithm, "client", None)
+    return num_chains(backend) if backend is not None else 1
+
+
+def _client_ids(result, k: int) -> np.ndarray:
+    valid = getattr(result.server_state, "valid", None)
+    ids = np.flatnonzero(np.asarray(valid)) if valid is not None else np.arange(k)
+    return ids if ids.size == k else np.arange(k)
+
+
+def client_chains(result):
+    """(client ids, flat draws (C, S, K', d)) of the clients' local posteriors, or None when not kept."""
+    post = result.posterior
+    cd = getattr(post, "client_draws", None)
+    if cd is None:
+        return None
+    cd = np.asarray(cd)
+    K, N, d = cd.shape
+    C = _chains_of(result)
+    if N % C:
+        C = 1
+    x = cd.reshape(K, C, N // C, d).transpose(1, 2, 0, 3)
+    return _client_ids(result, K), x
+
+
+def global_chains(result, num_draws: int, num_chains: int, seed: int):
+    """(kind, flat draws (C, S, d), description) of the global posterior; draws None when there are none."""
+    post = result.posterior
+    kind = _kind(post)
+    if kind == "predictive":
+        return kind, None, ("no global parameter posterior: this method pools the clients' predictive "
+                            "distributions (a product in predictive space), which is not the union of client "
+                            "draws; the client draws are in client_posterior")
+    if kind == "gaussian":
+        C = max(1, int(num_chains))
+        S = max(1, int(num_draws) // C)
+        z = np.asarray(post.form.sample(jax.random.PRNGKey(seed), C * S)).reshape(C, S, -1)
+        return kind, z, (f"{C} chains of independent draws from the Gaussian global posterior "
+                         "(natural parameters in the run directory)")
+    if kind == "ensemble":
+        ids, x = client_chains(result)            # (C, S, K, d) -> chain c interleaves every client's chain c
+        C, S, K, d = x.shape
+        w = np.asarray(post.mixture_weights)
+        return kind, x.reshape(C, S * K, d), (
+            f"union of the {K} clients' draws, chain c holding every client's chain c (interleaved); equal to the "
+            f"ensemble's mixture when its weights are equal (weights {np.round(w, 4).tolist()})")
+    z = np.asarray(post.form.draws).reshape(-1, post.form.draws.shape[-1])
+    if kind == "point estimate":
+        return kind, z[None], ("a point estimate: one value, not posterior draws (ESS and R-hat are undefined "
+                               "and left NaN)")
+    return kind, z[None], "the algorithm's stored draws of the global posterior, as one chain"
+
+
+def _constrain_impl(potential, z):
+    return jax.vmap(potential.constrain)(z)
+
+
+_constrain_jit = jax.jit(_constrain_impl, static_argnums=0)
+
+
+def _constrain(potential, z):
+    """flat (..., d) -> dict of constrained sites with the same leading axes."""
+    lead = z.shape[:-1]
+    vals = _constrain_jit(potential, jnp.asarray(z.reshape(-1, z.shape[-1])))
+    return {k: np.asarray(v).reshape(lead + v.shape[1:]) for k, v in vals.items()}
+
+
+def _stats(result):
+    """sample_stats arrays (round, client) from the result's per-round client diagnostics."""
+    rounds = result.client_diagnostics
+    K = result.context.num_clients
+    if not rounds:
+        return {}
+    names = [n for n in rounds[0] if n not in ("participants", "included")]
+    out = {n: np.full((len(rounds), K), np.nan) for n in names}
+    part = np.zeros((len(rounds), K), bool)
+    excl = np.zeros((len(rounds), K), bool)
+    for r, entry in enumerate(rounds):
+        ids = np.asarray(entry["participants"])
+        part[r, ids] = True
+        excl[r, ids] = ~np.asarray(entry["included"])
+        for n in names:
+            v = np.asarray(entry[n], float)
+            if v.shape == ids.shape:
+                out[n][r, ids] = v
+    out = {n: v for n, v in out.items()}
+    out["participated"] = part
+    out["excluded"] = excl
+    return out
+
+
+def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, eval_data=None):
+    """The groups listed in the module docstring, for ``result`` (see :meth:`Result.to_arviz`)."""
+    if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+        raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
+    pot = result.context.potential
+    kind, z, desc = global_chains(result, num_draws, num_chains, seed)
+    groups = {}
+    attrs = {"algorithm": type(result.algorithm).__name__, "kind": kind, "description": desc}
+    site_dims = {}
+    if z is not None:
+        post = _constrain(pot, z)
+        groups["posterior"] = D._dataset(post, attrs=attrs)
+    cl = client_chains(result)
+    if cl is not None:
+        ids, x = cl
+        cpost = _constrain(pot, x)
+        dims = {k: ["client"] for k in cpost}
+        groups["client_posterior"] = D._dataset(
+            cpost, dims=dims, coords={"client": ids},
+            attrs={"description": "each client's local posterior: the backend's chains per client "
+                                  "(dims chain, draw, client, ...)", "num_chains": x.shape[0]})
+    stats = _stats(result)
+    if stats:
+        groups["sample_stats"] = D._dataset(
+            stats, lead=("round", "client"),
+            coords={"round": np.arange(1, len(result.client_diagnostics) + 1),
+                    "client": np.arange(result.context.num_clients)},
+            attrs={"description": "client backend diagnostics per (round, client): NaN where the client did "
+                                  "not take part; excluded: its update was not finite and left out"})
+    ev = eval_data if eval_data is not None else result.eval_data
+    if ev is not None:
+        X, y = np.asarray(ev[0], np.float32), np.asarray(ev[1])
+        groups["observed_data"] = D._dataset({"y": y}, lead=("obs",) + tuple(f"y_dim_{i}" for i in range(y.ndim - 1)),
+                                             attrs={"description": "the evaluation targets"})
+        key = jax.random.PRNGKey(seed + 1)
+        if z is not None and kind != "point estimate":
+            ll, yrep = _per_draw(pot, jnp.asarray(z), jnp.asarray(X), jnp.asarray(y), key)
+            groups["log_likelihood"] = D._dataset({"y": ll}, dims={"y": ["obs"]}, attrs={
+                "description": "pointwise log p(y_i | x_i, theta) of each global posterior draw on the evaluation set"})
+            groups["posterior_predictive"] = D._dataset({"y": yrep}, dims={"y": ["obs"]}, attrs={
+                "description": "one draw of y per global posterior draw on the evaluation inputs"})
+        elif kind == "predictive":
+            yrep = _pooled_predictive_draws(result.posterior, X, num_draws, key)
+            groups["posterior_predictive"] = D._dataset({"y": yrep[None]}, dims={"y": ["obs"]}, attrs={
+                "description": "draws of y from the pooled (product) predictive, one chain; no per-draw "
+                               "likelihood exists, so log_likelihood is absent and az.loo does not apply"})
+    idata = D.make_inference_data(groups)
+    _set_attrs(idata, {"algorithm": type(result.algorithm).__name__, "kind": kind,
+                       "no_posterior": desc if z is None else ""})
+    return idata
+
+
+def _set_attrs(idata, attrs):
+    try:
+        idata.attrs.update(D._clean_attrs(attrs))
+    except AttributeError:  # pragma: no cover - InferenceData without attrs
+        pass
+
+
+def _per_draw_impl(pot, z, X, y, key):
+    """Pointwise log likelihood (C, S, n) and one y draw per posterior draw (vmapped; no scan, fast to compile)."""
+    C, S, d = z.shape
+    flat = z.reshape(C * S, d)
+    if pot.task == "classification":
+        yy = y.astype(jnp.int32)
+        classes = jnp.arange(pot.num_classes, dtype=jnp.int32)
+        lp = jax.vmap(lambda t: jax.vmap(lambda c: pot.pointwise_log_likelihood(t, X, jnp.full(yy.shape, c)))(
+            classes))(flat)                                                    # (CS, classes, n)
+        ll = jnp.take_along_axis(lp, yy[None, None, :], axis=1)[:, 0]
+        yrep = jax.random.categorical(key, jnp.swapaxes(lp, 1, 2), axis=-1)
+    else:
+        ll = jax.vmap(lambda t: pot.pointwise_log_likelihood(t, X, y))(flat)
+        keys = jax.random.split(key, C * S)
+        yrep = jax.vmap(lambda t, k: pot.predictive_distribution(t, X).sample(k))(flat, keys)
+    return ll.reshape(C, S, -1), yrep.reshape((C, S) + yrep.shape[1:])
+
+
+_per_draw_jit = jax.jit(_per_draw_impl, static_argnums=0)
+
+
+def _per_draw(pot, z, X, y, key):
+    ll, yrep = _per_draw_jit(pot, z, X, y, key)
+    return np.asarray(ll), np.asarray(yrep)
+
+
+def _pooled_predictive_draws(post, X, n, key):
+    pred = post.predict(X)
+    if post.potential.task == "classification":
+        logits = jnp.log(jnp.clip(jnp.asarray(pred), 1e-30, None))
+        return np.asarray(jax.random.categorical(key, logits, axis=-1, shape=(n, logits.shape[0])))
+    mean, var = pred
+    return np.asarray(mean + jnp.sqrt(var) * jax.random.normal(key, (n,) + jnp.shape(mean)))
+
+
+# -- diagnostics table --------------------------------------------------------------------------
+
+def diagnostics_rows(result, num_draws: int = 1000, seed: int = 0) -> list:
+    """One row per scope (global, each client): draws, ESS, R-hat, Gaussian gap, sampler health."""
+    rows = []
+    kind, z, _ = global_chains(result, num_draws, 4, seed)
+    if z is not None:
+        r = {"scope": "global", "kind": kind}
+        r.update(D.summarize(z) if kind != "point estimate" else {"chains": 1, "draws": 1})
+        rows.append(r)
+    cl = client_chains(result)
+    stats = _stats(result)
+    last = {n: v[-1] for n, v in stats.items()} if stats else {}
+    K = result.context.num_clients
+    per_client = {}
+    if cl is not None:
+        ids, x = cl
+        for j, k in enumerate(ids):
+            per_client[int(k)] = D.summarize(x[:, :, j])
+    for k in range(K):
+        if cl is None and not last:
+            break
+        r = {"scope": f"client {k}", "kind": "client"}
+        r.update(per_client.get(k, {}))
+        for n in ("accept_prob", "num_divergences", "step_size", "noise_ratio", "grad_noise_ratio"):
+            if n in last and np.isfinite(last[n][k]):
+                r[n] = float(last[n][k])
+        if "excluded" in last:
+            r["excluded"] = bool(last["excluded"][k])
+        rows.append(r)
+    return rows
+
+
+def diagnostics_table(result, warn: bool = True):
+    """:class:`fedprob.report.Table` of :func:`diagnostics_rows`, with the warnings of :func:`diagnostics.check`."""
+    from .report import Table
+
+    rows = diagnostics_rows(result)
+    msgs = D.check(rows, warn=warn)
+    for r in rows:
+        if r.get("num_divergences", 0) > 0:
+            m = f"{r['scope']}: {int(r['num_divergences'])} divergent transitions"
+            msgs.append(m)
+            if warn:
+                import warnings
+
+                warnings.warn(m, RuntimeWarning, stacklevel=3)
+    return Table(rows, title=f"Diagnostics: {type(result.algorithm).__name__}", notes=msgs)
+
+
+__all__ = ["to_arviz", "diagnostics_rows", "diagnostics_table", "client_chains", "global_chains"]

@@ -1,0 +1,183 @@
+"""Run configurations: TOML tables checked against what they configure, dotted overrides, TOML output.
+
+Tables: ``[data]`` (``name`` and ``root``, plus the loader's keyword
+arguments), ``[partition]`` (``num_clients``, ``scheme`` and the partition
+options), ``[model]`` (``name`` of a ``fedprob.models`` builder plus its
+keyword arguments), ``[algorithm]`` (``name`` in ``fedprob.algorithms`` plus
+its fields), optional ``[client]`` (``name`` of a ``fedprob.inference``
+backend plus its fields, passed as ``client=``) and ``[run]`` (``rounds``,
+``seed``, ``clients_per_round``, ``client_chunk``, ``eval_every``). An unknown
+table or key is a ValueError naming it and what is accepted there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import tomllib
+
+TABLES = ("data", "partition", "model", "algorithm", "client", "run")
+RUN_KEYS = ("rounds", "seed", "clients_per_round", "client_chunk", "eval_every")
+PARTITION_KEYS = ("num_clients", "scheme", "seed", "num_classes", "alpha", "alpha_size", "min_size",
+                  "heterogeneity", "classes_per_client", "groups", "feature")
+UCI_SETS = ("air_quality", "bike_sharing", "wine_quality", "real_estate", "forest_fires")
+DATA_SETS = ("digits", "mnist", "fashion_mnist", "credit_approval", "heart_disease") + UCI_SETS
+
+HELP = """configuration (TOML):
+  [data]       name = one of {sets}; root = "DIR" for data on disk; loader options
+               (digits: test_fraction, seed, flatten; UCI sets: protocol, test_fraction, seed)
+  [partition]  num_clients, scheme = iid | dirichlet | label_sort | shards | groups, seed,
+               alpha, alpha_size, min_size, heterogeneity, classes_per_client, groups, feature
+  [model]      name = a fedprob.models builder (softmax_regression, linear_regression, ...) + its options
+  [algorithm]  name = a fedprob.algorithms class (FedAvg, FedPA, EPMCMC, PredictiveBayes, ...) + its fields
+  [client]     name = a fedprob.inference backend (NUTS, SGHMC, Laplace, ...) + its fields (optional)
+  [run]        {run}
+override any key with --set table.key=value (value in TOML syntax, e.g. --set algorithm.learning_rate=0.05)
+""".format(sets=", ".join(DATA_SETS), run=", ".join(RUN_KEYS))
+
+
+def _loader(name: str):
+    from . import data
+
+    if name in UCI_SETS:
+        return data.load_uci
+    fn = getattr(data, f"load_{name}", None)
+    if name not in DATA_SETS or fn is None:
+        raise ValueError(f"unknown data set '{name}' (known: {', '.join(DATA_SETS)})")
+    return fn
+
+
+def _params(fn) -> set:
+    if dataclasses.is_dataclass(fn):
+        return {f.name for f in dataclasses.fields(fn) if f.init}
+    sig = inspect.signature(fn)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    return {p for p in sig.parameters}
+
+
+def _named(module, table: dict, what: str):
+    if "name" not in table:
+        raise ValueError(f"[{what}] needs a name")
+    name = table["name"]
+    obj = getattr(module, name, None) if isinstance(name, str) else None
+    if obj is None or name.startswith("_") or not callable(obj):
+        raise ValueError(f"unknown {what} '{name}'")
+    return obj, {k: v for k, v in table.items() if k != "name"}
+
+
+def _check_keys(table: str, keys, allowed) -> None:
+    if allowed is None:
+        return
+    bad = sorted(set(keys) - set(allowed))
+    if bad:
+        raise ValueError(f"unknown key '{bad[0]}' in [{table}] (accepted: {', '.join(sorted(allowed))})")
+
+
+def validate(cfg: dict) -> dict:
+    """``cfg`` if every table and key is known (see the module docstring), else a ValueError naming the first."""
+    from . import algorithms, inference, models
+
+    if not isinstance(cfg, dict):
+        raise ValueError("a configuration is a TOML document of tables")
+    for t, v in cfg.items():
+        if t not in TABLES:
+            raise ValueError(f"unknown table [{t}] in the configuration (known: {', '.join(TABLES)})")
+        if not isinstance(v, dict):
+            raise ValueError(f"[{t}] must be a table, got {type(v).__name__}")
+    d = cfg.get("data", {})
+    name = d.get("name", "digits")
+    fn = _loader(name)
+    allowed = _params(fn)
+    _check_keys("data", d, None if allowed is None else (allowed | {"name", "root"}) - {"name_"})
+    _check_keys("partition", cfg.get("partition", {}), PARTITION_KEYS)
+    _check_keys("run", cfg.get("run", {}), RUN_KEYS)
+    for table, module in (("model", models), ("algorithm", algorithms), ("client", inference)):
+        if table in cfg or table in ("model", "algorithm"):
+            obj, kw = _named(module, cfg.get(table, {}), table)
+            allowed = _params(obj)
+            if allowed is not None:
+                _check_keys(table, kw, allowed)
+    return cfg
+
+
+def loads(text: str) -> dict:
+    """Parse and validate TOML text."""
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"configuration is not valid TOML: {e}") from None
+    return validate(cfg)
+
+
+def override(cfg: dict, assignments) -> dict:
+    """A copy of ``cfg`` with ``table.key=value`` assignments applied (value in TOML syntax, else a string)."""
+    out = {t: dict(v) for t, v in cfg.items()}
+    for a in assignments or ():
+        if "=" not in a or "." not in a.split("=", 1)[0]:
+            raise ValueError(f"--set takes table.key=value, got '{a}'")
+        lhs, rhs = a.split("=", 1)
+        table, key = lhs.strip().split(".", 1)
+        try:
+            value = tomllib.loads(f"v = {rhs.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = rhs.strip()
+        out.setdefault(table, {})[key] = value
+    return out
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise ValueError(f"cannot write {type(v).__name__} to TOML")
+
+
+def dumps(cfg: dict) -> str:
+    """TOML text of a configuration of flat tables (strings, numbers, booleans, lists)."""
+    lines = []
+    for t, v in cfg.items():
+        lines.append(f"[{t}]")
+        lines += [f"{k} = {_toml_value(x)}" for k, x in v.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def build(cfg: dict):
+    """(algorithm, model, fed, eval_data, run kwargs) from a validated configuration."""
+    from . import algorithms, inference, models
+
+    validate(cfg)
+    d = dict(cfg.get("data", {}))
+    name = d.pop("name", "digits")
+    root = d.pop("root", None)
+    fn = _loader(name)
+    if name == "digits":
+        ds = fn(**d)
+    elif root is None:
+        raise ValueError(f"data set '{name}' is read from disk: give [data] root = \"...\"")
+    elif name in UCI_SETS:
+        ds = fn(name, root, **d)
+    else:
+        ds = fn(root, **d)
+    part = dict(cfg.get("partition", {}))
+    scheme = part.pop("scheme", "iid")
+    num_clients = part.pop("num_clients", None if scheme == "groups" else 10)
+    fed = ds.partition(num_clients, scheme, **part)
+    model_fn, model_kw = _named(models, cfg.get("model", {}), "model")
+    if model_fn.__name__ in ("softmax_regression", "bnn_mlp", "cnn") and ds.num_classes is not None:
+        model_kw.setdefault("num_classes", ds.num_classes)
+    model = model_fn(**model_kw)
+    algo_cls, algo_kw = _named(algorithms, cfg.get("algorithm", {}), "algorithm")
+    if "client" in cfg:
+        backend_cls, backend_kw = _named(inference, cfg["client"], "client")
+        algo_kw["client"] = backend_cls(**backend_kw)
+    algo = algo_cls(**algo_kw)
+    return algo, model, fed, ds.test, dict(cfg.get("run", {}))
+
+
+__all__ = ["validate", "loads", "override", "dumps", "build", "HELP", "TABLES"]

@@ -1,0 +1,169 @@
+"""Run directories: what ``fedprob run``/``fedprob demo --out`` write and ``fedprob report`` reads.
+
+Layout (arrays and text only, no pickle)::
+
+    config.toml        the configuration, accepted again by ``fedprob run``
+    history.json       one dict per round (metrics, timings, reliability curves)
+    history.csv        the scalar columns of the history
+    metrics.json       the final round's scalars plus total/compile/init time
+    posterior.npz      the whole global posterior: ``form`` ("gaussian" or "samples"),
+                       ``linear``/``precision`` (natural parameters) or ``draws`` (flat,
+                       unconstrained), ``client_draws`` when the server keeps them,
+                       ``mean/<site>`` (constrained)
+    posterior.nc       ``Result.to_arviz()`` as NetCDF (all groups)
+    diagnostics.json   the rows and warnings of ``Result.diagnostics()``
+
+An existing non-empty directory is not overwritten unless ``overwrite=True``.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .posteriors import Gaussian
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return _jsonable(v.tolist())
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        return None if not math.isfinite(float(v)) else float(v)
+    if isinstance(v, (np.bool_,)):
+        return bool(v)
+    return v
+
+
+def final_metrics(result, total_time: Optional[float] = None) -> dict:
+    """The last round's scalar entries plus timings."""
+    out = {k: v for k, v in result.history[-1].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out.update(compile_time=float(result.compile_time), init_time=float(result.init_time))
+    if total_time is not None:
+        out["total_time"] = float(total_time)
+    return out
+
+
+def posterior_arrays(posterior) -> dict:
+    """The global posterior as named numpy arrays (see the module docstring)."""
+    form = posterior.form
+    out = {f"mean/{k}": np.asarray(v) for k, v in posterior.mean.items()}
+    if isinstance(form, Gaussian):
+        out.update(form=np.array("gaussian"), linear=np.asarray(form.linear), precision=np.asarray(form.precision))
+    else:
+        out.update(form=np.array("samples"), draws=np.asarray(form.draws))
+    cd = getattr(posterior, "client_draws", None)
+    if cd is not None:
+        out["client_draws"] = np.asarray(cd)
+        out["mixture_weights"] = np.asarray(posterior.mixture_weights)
+    return out
+
+
+def prepare(out, overwrite: bool = False) -> Path:
+    """``out`` as an empty directory; a FileExistsError if it holds files and ``overwrite`` is False."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            raise FileExistsError(f"run directory {out} exists and is not empty (use --force to overwrite)")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def run_record(result, name: Optional[str] = None, config: Optional[dict] = None,
+               total_time: Optional[float] = None, num_draws: int = 400) -> dict:
+    """A run as the dict :func:`fedprob.report.html_report` reads, from an in-memory Result."""
+    table = result.diagnostics(warn=False)
+    return {"name": name or type(result.algorithm).__name__, "config": config or {},
+            "history": _jsonable(result.history), "metrics": final_metrics(result, total_time),
+            "idata": result.to_arviz(num_draws=num_draws), "diagnostics": _jsonable(table.rows),
+            "warnings": table.notes}
+
+
+def save_run(out, result, config: Optional[dict] = None, total_time: Optional[float] = None,
+             name: Optional[str] = None, overwrite: bool = False, num_draws: int = 400) -> Path:
+    """Write ``result`` as a run directory (layout in the module docstring); returns its path."""
+    from . import config as C
+
+    out = prepare(out, overwrite)
+    rec = run_record(result, name, config, total_time, num_draws)
+    if config:
+        (out / "config.toml").write_text(C.dumps(config))
+    (out / "name.txt").write_text(rec["name"] + "\n")
+    (out / "history.json").write_text(json.dumps(rec["history"], indent=1))
+    cols = list(dict.fromkeys(k for h in result.history for k, v in h.items()
+                              if isinstance(v, (int, float)) and not isinstance(v, bool)))
+    with open(out / "history.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for h in result.history:
+            w.writerow({c: h.get(c, "") for c in cols})
+    (out / "metrics.json").write_text(json.dumps(_jsonable(rec["metrics"]), indent=1))
+    np.savez(out / "posterior.npz", **posterior_arrays(result.posterior))
+    _to_netcdf(rec["idata"], out / "posterior.nc")
+    (out / "diagnostics.json").write_text(json.dumps({"rows": rec["diagnostics"], "warnings": rec["warnings"]},
+                                                     indent=1))
+    return out
+
+
+def _to_netcdf(idata, path: Path) -> None:
+    if hasattr(idata, "to_netcdf"):
+        idata.to_netcdf(str(path))
+
+
+def _from_netcdf(path: Path):
+    from .diagnostics import _az
+
+    az = _az()
+    if hasattr(az, "InferenceData"):
+        return az.from_netcdf(str(path))
+    import xarray as xr  # arviz 1.x
+
+    return xr.open_datatree(str(path))
+
+
+def is_run_dir(path) -> bool:
+    return (Path(path) / "history.json").exists()
+
+
+def load_run(path) -> dict:
+    """A run directory as a report record: name, config, history, metrics, idata, diagnostics, warnings."""
+    import tomllib
+
+    d = Path(path)
+    if not is_run_dir(d):
+        raise ValueError(f"{d} is not a run directory (no history.json)")
+    rec = {"name": (d / "name.txt").read_text().strip() if (d / "name.txt").exists() else d.name,
+           "history": json.loads((d / "history.json").read_text()),
+           "config": tomllib.loads((d / "config.toml").read_text()) if (d / "config.toml").exists() else {},
+           "metrics": json.loads((d / "metrics.json").read_text()) if (d / "metrics.json").exists() else {}}
+    if (d / "posterior.nc").exists():
+        rec["idata"] = _from_netcdf(d / "posterior.nc")
+    if (d / "diagnostics.json").exists():
+        diag = json.loads((d / "diagnostics.json").read_text())
+        rec["diagnostics"], rec["warnings"] = diag["rows"], diag["warnings"]
+    return rec
+
+
+def load_runs(path) -> list:
+    """The run directory ``path``, or every run directory directly inside it (sorted by name)."""
+    d = Path(path)
+    if is_run_dir(d):
+        return [load_run(d)]
+    runs = sorted(p for p in d.iterdir() if p.is_dir() and is_run_dir(p)) if d.is_dir() else []
+    if not runs:
+        raise ValueError(f"{d} is not a run directory (no history.json) and holds none")
+    return [load_run(p) for p in runs]
+
+
+__all__ = ["save_run", "load_run", "load_runs", "run_record", "posterior_arrays", "prepare", "is_run_dir"]

@@ -1,0 +1,117 @@
+"""Result.to_arviz: groups, chains per client, honest labels; ArviZ's own statistics run on it."""
+import warnings
+
+import numpy as np
+import pytest
+
+import fedprob as fp
+from fedprob import algorithms as A, inference as I
+from fedprob.diagnostics import _az, group, group_names
+from conftest import linreg_exact_posterior, linreg_model
+
+SIGMA = 0.5
+
+
+@pytest.fixture(scope="module")
+def problem():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(240, 2)).astype(np.float32)
+    y = (X @ np.array([1.0, -0.5]) + SIGMA * rng.normal(size=240)).astype(np.float32)
+    fed = fp.data.partition(X[:200], y[:200], num_clients=2, scheme="iid", seed=0)
+    return fed, (X[200:], y[200:])
+
+
+@pytest.fixture(scope="module")
+def nuts_result(problem):
+    fed, ev = problem
+    algo = A.Ensemble(client=I.NUTS(num_warmup=300, num_samples=500, num_chains=4))
+    return fp.run(algo, linreg_model(sigma=SIGMA), fed, eval_data=ev, progress=False)
+
+
+def test_nuts_four_chains_per_client(problem, nuts_result):
+    az = _az()
+    fed, ev = problem
+    idata = nuts_result.to_arviz()
+    assert {"posterior", "client_posterior", "sample_stats", "observed_data", "posterior_predictive",
+            "log_likelihood"} <= set(group_names(idata))
+    cp = group(idata, "client_posterior")
+    assert cp["w"].shape == (4, 500, 2, 2)                      # chain, draw, client, w_dim_0
+    # client R-hat is real (4 chains each) and below 1.01 on this conjugate problem
+    assert float(az.rhat(cp)["w"].max()) < 1.01
+    assert float(az.ess(cp, method="bulk")["w"].min()) > 400
+    # each client's draws match its exact local posterior
+    for k in range(2):
+        m, c = linreg_exact_posterior([fed.client(k)[0]], [fed.client(k)[1]], SIGMA, 1.0)
+        w = np.asarray(cp["w"])[:, :, k].reshape(-1, 2)
+        assert np.all(np.abs(w.mean(0) - m) / np.sqrt(np.diag(c)) < 0.15)
+        assert np.all(np.abs(w.std(0) / np.sqrt(np.diag(c)) - 1) < 0.1)
+    summary = az.summary(idata)
+    assert np.all(np.isfinite(np.asarray(summary[["mean", "sd", "ess_bulk", "ess_tail", "r_hat"]], float)))
+    assert float(summary["r_hat"].max()) < 1.01
+    loo = az.loo(idata)
+    assert np.isfinite(float(loo.elpd_loo)) and loo.n_data_points == 40
+    ll = group(idata, "log_likelihood")["y"]
+    assert ll.shape == (4, 1000, 40)                            # each chain holds both clients' chain c
+    st = group(idata, "sample_stats")
+    assert st["accept_prob"].shape == (1, 2)
+    assert np.all((np.asarray(st["accept_prob"]) > 0.6) & (np.asarray(st["accept_prob"]) < 1))
+    assert int(np.asarray(st["num_divergences"]).sum()) == 0 and not np.asarray(st["excluded"]).any()
+    np.testing.assert_array_equal(np.asarray(group(idata, "observed_data")["y"]), ev[1])
+    assert idata.attrs["kind"] == "ensemble"
+    table = nuts_result.diagnostics(warn=False)
+    assert [r["scope"] for r in table.rows] == ["global", "client 0", "client 1"]
+    assert all(r["rhat"] < 1.01 and r["num_divergences"] == 0 for r in table.rows[1:])
+    assert "<table>" in table._repr_html_() and "| scope |" in table._repr_markdown_()
+
+
+def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(problem):
+    az = _az()
+    fed, ev = problem
+    model = linreg_model(sigma=SIGMA)
+    fa = fp.run(A.FedAvg(local_epochs=1, learning_rate=0.5), model, fed, rounds=2, eval_data=ev, progress=False)
+    idata = fa.to_arviz()
+    post = group(idata, "posterior")
+    assert post["w"].shape == (1, 1, 2) and post.attrs["kind"] == "point estimate"
+    assert "log_likelihood" not in group_names(idata)             # no draws: az.loo does not apply
+    assert group(idata, "sample_stats")["participated"].shape == (2, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert np.isnan(np.asarray(az.ess(post)["w"])).all() or np.asarray(az.ess(post)["w"]).max() <= 1
+    ep = fp.run(A.EPMCMC(client=I.Laplace()), model, fed, eval_data=ev, progress=False)
+    idata = ep.to_arviz(num_draws=2000, num_chains=4)
+    post = group(idata, "posterior")
+    assert post["w"].shape == (4, 500, 2) and post.attrs["kind"] == "gaussian"
+    assert float(az.rhat(post)["w"].max()) < 1.01
+    assert float(az.ess(post)["w"].min()) > 1500                  # independent draws: ESS about 2000
+    m, c = linreg_exact_posterior([fed.client(k)[0] for k in range(2)], [fed.client(k)[1] for k in range(2)],
+                                  SIGMA, 1.0)
+    w = np.asarray(post["w"]).reshape(-1, 2)
+    assert np.all(np.abs(w.mean(0) - m) / np.sqrt(np.diag(c)) < 0.15)
+    assert np.isfinite(float(az.loo(idata).elpd_loo))
+
+
+def test_predictive_space_method_has_no_parameter_posterior(problem):
+    fed, ev = problem
+    pb = fp.run(A.PredictiveBayes(client=I.Laplace()), linreg_model(sigma=SIGMA), fed, eval_data=ev,
+                progress=False)
+    idata = pb.to_arviz(num_draws=300)
+    names = group_names(idata)
+    assert "posterior" not in names and "log_likelihood" not in names
+    assert "predictive space" in idata.attrs["no_posterior"]
+    pp = group(idata, "posterior_predictive")["y"]
+    assert pp.shape == (1, 300, 40)
+    mean, var = pb.posterior.predict(ev[0])
+    # the draws come from the pooled predictive: their mean and sd match it
+    z = (np.asarray(pp)[0].mean(0) - np.asarray(mean)) / np.sqrt(np.asarray(var) / 300)
+    assert np.abs(z).max() < 4.5
+    assert group(idata, "client_posterior")["w"].shape[2] == 2
+
+
+def test_num_chains_validation():
+    from fedprob.protocols import num_chains
+
+    assert num_chains(I.NUTS()) == 1 and num_chains(I.NUTS(num_chains=3)) == 3
+    with pytest.raises(ValueError, match="num_chains"):
+        num_chains(I.NUTS(num_chains=0))
+    with pytest.raises(ValueError, match="positive integer"):
+        num_chains(I.HMC(num_chains=1.5))
