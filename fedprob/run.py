@@ -11,7 +11,7 @@ import numpy as np
 
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
-from .engine import local
+from .engine import client_phase, local
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
@@ -35,8 +35,12 @@ class Result:
     excluded), ``participants``, ``excluded`` (clients whose update was not
     finite and was left out), ``server_update_ok``, client diagnostics
     (means over participants, prefixed ``client_``) and eval metrics.
-    compile_time / init_time: seconds spent compiling the round (0 when it
-    came from the cache) and initialising.
+    compile_time / init_time: seconds spent compiling the round and the
+    client phase (0 when they came from the cache) and initialising.
+    info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``,
+    ``client_phase_compile_s`` / ``client_phase_s`` (one-round methods: the
+    client phase runs as its own compiled call, shared between methods with
+    the same backend and shapes; see :mod:`fedprob.engine.client_phase`).
     """
 
     posterior: GlobalPosterior
@@ -47,6 +51,7 @@ class Result:
     context: Context
     compile_time: float
     init_time: float
+    info: dict = dataclasses.field(default_factory=dict)
 
     def metric(self, name: str) -> np.ndarray:
         """One history column as an array (NaN where a round lacks it)."""
@@ -128,25 +133,34 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
-    round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
-                                                  clients, data, k_rounds)
+    info = {"engine": "local", "devices": [str(d) for d in jax.devices()], "client_chunk": client_chunk}
+    round_algo, round_data = algorithm, data
+    if client_phase.applies(algorithm, rounds, M, K):
+        round_algo, round_data, phase_info = client_phase.run(
+            algorithm, ctx, data, server, jax.random.fold_in(k_rounds, 0), client_chunk, progress)
+        info.update(phase_info)
+    round_fn, compile_time = local.compiled_round(round_algo, ctx, M, client_chunk, server,
+                                                  clients, round_data, k_rounds)
+    info["compile_round_s"] = compile_time
+    compile_time += info.get("client_phase_compile_s", 0.0)
     history = []
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=rounds, desc=type(algorithm).__name__, leave=False)
+        bar.set_postfix({"compile_s": f"{compile_time:.1f}"})
     for r in range(rounds):
         t = time.perf_counter()
-        server, clients, info = round_fn(server, clients, data, jax.random.fold_in(k_rounds, r))
+        server, clients, rinfo = round_fn(server, clients, round_data, jax.random.fold_in(k_rounds, r))
         server = jax.block_until_ready(server)
-        dt = time.perf_counter() - t
-        participants = np.asarray(info.participants)
-        included = np.asarray(info.included)
+        dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
+        participants = np.asarray(rinfo.participants)
+        included = np.asarray(rinfo.included)
         entry = {"round": r + 1, "time": dt, "participants": participants.tolist(),
                  "excluded": participants[~included].tolist(),
-                 "server_update_ok": bool(info.server_finite)}
-        for name, v in info.diagnostics.items():
+                 "server_update_ok": bool(rinfo.server_finite)}
+        for name, v in rinfo.diagnostics.items():
             v = np.asarray(v, dtype=float)
             entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
@@ -154,7 +168,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         history.append(entry)
         if bar is not None:
             shown = {k: f"{entry[k]:.3g}" for k in ("accuracy", "nll", "rmse") if k in entry}
-            bar.set_postfix(shown)
+            bar.set_postfix(shown | {"compile_s": f"{compile_time:.1f}"})
             bar.update(1)
     if bar is not None:
         bar.close()
@@ -165,6 +179,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                       f"were not finite (first: round {first}, clients {excluded[first]}); see "
                       "Result.excluded_clients", RuntimeWarning, stacklevel=2)
     posterior = algorithm.posterior(ctx, server, clients)
-    return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time)
+    return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, info)
 
 
