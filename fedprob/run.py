@@ -11,7 +11,7 @@ import numpy as np
 
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
-from .engine import client_phase, local
+from .engine import client_phase, local, sharded
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
@@ -98,7 +98,8 @@ def _check_labels(y, num_classes, what):
 def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] = None, seed: int = 0,
         eval_data=None, clients_per_round: Optional[int] = None, progress: bool = True,
         client_chunk: Optional[int] = None, eval_every: int = 1,
-        model_kwargs: Optional[dict] = None) -> Result:
+        model_kwargs: Optional[dict] = None, engine: str = "local", devices=None,
+        num_nodes: Optional[int] = None) -> Result:
     """Run ``algorithm`` on ``fed`` with the NumPyro ``model``.
 
     rounds: communication rounds (default ``algorithm.default_rounds``: 1 for
@@ -107,7 +108,18 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     recompiles between rounds. client_chunk: vmap clients in chunks of this
     size (``lax.map``) to bound memory. eval_data: (X, y) evaluated every
     ``eval_every`` rounds and at the end. Same seed, same result.
+    engine: ``"local"`` (this process; with several ``devices``, default all
+    local ones, the clients are sharded over them, :mod:`fedprob.engine.sharded`)
+    or ``"flower"`` (a local Flower simulation with ``num_nodes`` nodes,
+    :mod:`fedprob.engine.flower`; needs ``pip install fedprob[flower]``).
     """
+    if engine == "flower":
+        from .engine import flower
+
+        return flower.run(algorithm, model, fed, rounds=rounds, seed=seed, eval_data=eval_data,
+                          clients_per_round=clients_per_round, num_nodes=num_nodes, model_kwargs=model_kwargs)
+    if engine != "local":
+        raise ValueError(f"engine must be 'local' or 'flower', got {engine!r}")
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a fedprob algorithm, got {type(algorithm).__name__}")
     if not isinstance(fed, FederatedData):
@@ -133,14 +145,23 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
-    info = {"engine": "local", "devices": [str(d) for d in jax.devices()], "client_chunk": client_chunk}
+    devs = list(jax.devices() if devices is None else devices)
+    mesh = sharded.make_mesh(devs) if len(devs) > 1 else None
+    info = {"engine": "local" if mesh is None else "sharded", "devices": [str(d) for d in devs],
+            "client_chunk": client_chunk}
     round_algo, round_data = algorithm, data
-    if client_phase.applies(algorithm, rounds, M, K):
+    if mesh is None and client_phase.applies(algorithm, rounds, M, K):
         round_algo, round_data, phase_info = client_phase.run(
             algorithm, ctx, data, server, jax.random.fold_in(k_rounds, 0), client_chunk, progress)
         info.update(phase_info)
-    round_fn, compile_time = local.compiled_round(round_algo, ctx, M, client_chunk, server,
-                                                  clients, round_data, k_rounds)
+    if mesh is None:
+        round_fn, compile_time = local.compiled_round(round_algo, ctx, M, client_chunk, server,
+                                                      clients, round_data, k_rounds)
+    else:
+        round_data, clients = sharded.place(round_data, mesh), sharded.place(clients, mesh)
+        server = sharded.unplace(server)
+        round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
+                                                        round_data, k_rounds, mesh)
     info["compile_round_s"] = compile_time
     compile_time += info.get("client_phase_compile_s", 0.0)
     history = []
@@ -152,7 +173,10 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         bar.set_postfix({"compile_s": f"{compile_time:.1f}"})
     for r in range(rounds):
         t = time.perf_counter()
-        server, clients, rinfo = round_fn(server, clients, round_data, jax.random.fold_in(k_rounds, r))
+        k_r = jax.random.fold_in(k_rounds, r)
+        if mesh is not None:    # same placement every round (the compiled round expects it)
+            server, clients = sharded.unplace(server), sharded.place(clients, mesh)
+        server, clients, rinfo = round_fn(server, clients, round_data, k_r)
         server = jax.block_until_ready(server)
         dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
         participants = np.asarray(rinfo.participants)
