@@ -27,10 +27,11 @@ _ACTIVE = None
 class _Phase:
     def __init__(self, bar, groups: int):
         self.bar, self.groups = bar, max(int(groups), 1)
-        self.group, self.last, self.shown = 0, 0.0, 0
+        self.group, self.last, self.shown, self.reports = 0, 0.0, 0, 0
         self.start = time.perf_counter()
 
     def update(self, frac: float):
+        self.reports += 1
         if frac + 0.25 < self.last and self.group + 1 < self.groups:   # the next chunk of clients
             self.group += 1
         self.last = frac
