@@ -12,7 +12,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
-from .engine import local
+from .engine import client_phase, local, sharded
 from .faults import Faults, fault_records
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
@@ -45,6 +45,11 @@ class Result:
     (None when none was given). client_diagnostics: one dict per round of
     per-participant arrays (``participants``, ``included`` and every backend
     diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
+    info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``,
+    ``client_phase_compile_s`` / ``client_phase_s`` (one-round methods: the
+    client phase runs as its own compiled call, shared between methods with
+    the same backend and shapes; see :mod:`fedprob.engine.client_phase`);
+    ``compile_time`` includes the client phase's compile.
     """
 
     posterior: GlobalPosterior
@@ -57,6 +62,7 @@ class Result:
     init_time: float
     eval_data: Any = None
     client_diagnostics: list = dataclasses.field(default_factory=list)
+    info: dict = dataclasses.field(default_factory=dict)
 
     def metric(self, name: str) -> np.ndarray:
         """One history column as an array (NaN where a round lacks it)."""
@@ -123,7 +129,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         client_chunk: Optional[int] = None, eval_every: int = 1,
         model_kwargs: Optional[dict] = None, checkpoint_dir: Optional[str] = None,
         max_update_norm: Optional[float] = None, dropout_rate: float = 0.0,
-        straggler_rate: float = 0.0, privacy=None) -> Result:
+        straggler_rate: float = 0.0, privacy=None, engine: str = "local", devices=None,
+        num_nodes: Optional[int] = None) -> Result:
     """Run ``algorithm`` on ``fed`` with the NumPyro ``model``.
 
     rounds: communication rounds (default ``algorithm.default_rounds``: 1 for
@@ -140,7 +147,26 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     quarantine and simulated faults (:mod:`fedprob.faults`; off by default).
     privacy: a :class:`fedprob.privacy.GaussianDP` (client clipping and
     Gaussian noise, (epsilon, delta) in the history).
+
+    engine: ``"local"`` (this process; with several ``devices``, default all
+    local ones, the clients are sharded over them, :mod:`fedprob.engine.sharded`)
+    or ``"flower"`` (a local Flower simulation with ``num_nodes`` nodes,
+    :mod:`fedprob.engine.flower`; needs ``pip install fedprob[flower]``).
     """
+    if engine == "flower":
+        from .engine import flower
+
+        given = [name for name, v in (("checkpoint_dir", checkpoint_dir), ("max_update_norm", max_update_norm),
+                                      ("privacy", privacy), ("devices", devices), ("client_chunk", client_chunk),
+                                      ("dropout_rate", dropout_rate or None),
+                                      ("straggler_rate", straggler_rate or None)) if v is not None]
+        if given:
+            raise ValueError(f"engine='flower' does not support {', '.join(given)}; use engine='local'")
+
+        return flower.run(algorithm, model, fed, rounds=rounds, seed=seed, eval_data=eval_data,
+                          clients_per_round=clients_per_round, num_nodes=num_nodes, model_kwargs=model_kwargs)
+    if engine != "local":
+        raise ValueError(f"engine must be 'local' or 'flower', got {engine!r}")
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a fedprob algorithm, got {type(algorithm).__name__}")
     if not isinstance(fed, FederatedData):
@@ -184,43 +210,64 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             if start > rounds:
                 raise ValueError(f"the checkpoint in {checkpoint_dir} is at round {start}, beyond "
                                  f"rounds={rounds}")
-    round_fn, compile_time = local.compiled_round(algorithm, ctx, M, client_chunk, server,
-                                                  clients, data, k_rounds, faults, privacy)
+    devs = list(jax.devices() if devices is None else devices)
+    mesh = sharded.make_mesh(devs) if len(devs) > 1 else None
+    info = {"engine": "local" if mesh is None else "sharded", "devices": [str(d) for d in devs],
+            "client_chunk": client_chunk}
+    round_algo, round_data = algorithm, data
+    if mesh is None and start == 0 and client_phase.applies(algorithm, rounds, M, K):
+        round_algo, round_data, phase_info = client_phase.run(
+            algorithm, ctx, data, server, jax.random.fold_in(k_rounds, 0), client_chunk, progress)
+        info.update(phase_info)
+    if mesh is None:
+        round_fn, compile_time = local.compiled_round(round_algo, ctx, M, client_chunk, server,
+                                                      clients, round_data, k_rounds, faults, privacy)
+    else:
+        round_data, clients = sharded.place(round_data, mesh), sharded.place(clients, mesh)
+        server = sharded.unplace(server)
+        round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
+                                                        round_data, k_rounds, mesh, faults, privacy)
+    info["compile_round_s"] = compile_time
+    compile_time += info.get("client_phase_compile_s", 0.0)
     client_diag = []    # per-round client diagnostics of this process's rounds (not checkpointed)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=rounds, initial=start, desc=type(algorithm).__name__, leave=False)
+        bar.set_postfix({"compile_s": f"{compile_time:.1f}"})
     for r in range(start, rounds):
         t = time.perf_counter()
-        server, clients, info = round_fn(server, clients, data, jax.random.fold_in(k_rounds, r))
+        k_r = jax.random.fold_in(k_rounds, r)
+        if mesh is not None:    # same placement every round (the compiled round expects it)
+            server, clients = sharded.unplace(server), sharded.place(clients, mesh)
+        server, clients, rinfo = round_fn(server, clients, round_data, k_r)
         server = jax.block_until_ready(server)
-        dt = time.perf_counter() - t
-        participants = np.asarray(info.participants)
-        included = np.asarray(info.included)
-        scr = info.screen
+        dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
+        participants = np.asarray(rinfo.participants)
+        included = np.asarray(rinfo.included)
+        scr = rinfo.screen
         entry = {"round": r + 1, "time": dt, "participants": participants.tolist(),
                  **fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
                                  np.asarray(scr.finite), np.asarray(scr.norm), max_update_norm),
-                 "server_update_ok": bool(info.server_finite)}
+                 "server_update_ok": bool(rinfo.server_finite)}
         if privacy is not None:
             entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, M / K, r + 1,
                                                       privacy.delta)
             entry["dp_delta"] = float(privacy.delta)
-        for name, v in info.diagnostics.items():
+        for name, v in rinfo.diagnostics.items():
             v = np.asarray(v, dtype=float)
             entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
             entry.update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
         history.append(entry)
         client_diag.append({"participants": participants, "included": included,
-                            **{n: np.asarray(v) for n, v in info.diagnostics.items()}})
+                            **{n: np.asarray(v) for n, v in rinfo.diagnostics.items()}})
         if checkpoint_dir is not None:
             ckpt.save(checkpoint_dir, r + 1, server, clients, history, prints)
         if bar is not None:
             shown = {k: f"{entry[k]:.3g}" for k in ("accuracy", "nll", "rmse") if k in entry}
-            bar.set_postfix(shown)
+            bar.set_postfix(shown | {"compile_s": f"{compile_time:.1f}"})
             bar.update(1)
     if bar is not None:
         bar.close()
@@ -232,6 +279,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=2)
     posterior = algorithm.posterior(ctx, server, clients)
     return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, evald,
-                  client_diag)
+                  client_diag, info)
 
 

@@ -153,8 +153,8 @@ class SGLD(ClientBackend):
     ``max_gradient_noise`` when the step is adapted (then small batches of a
     large client give small steps and a longer run: check ``ess``).
 
-    Diagnostics: ``grad_norm``, ``log_density`` (means over the sampling
-    steps), ``nonfinite`` / ``finite``, ``ess`` (smallest per-coordinate ESS
+    Diagnostics: ``grad_norm``, ``log_density`` (means over the last steps
+    of the sampling blocks, one per draw), ``nonfinite`` / ``finite``, ``ess`` (smallest per-coordinate ESS
     of the draws), ``step_size`` (of the sampling phase), ``stretch``,
     ``burnin_restarts`` / ``sampling_restarts`` (burn-in windows / sampling
     blocks rolled back after a NaN/inf, adapted step only),

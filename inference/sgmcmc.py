@@ -90,6 +90,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedprob import progress
 from fedprob.potential import INIT_STRATEGIES
 from fedprob.validation import check_fraction, check_int, check_positive
 
@@ -385,7 +386,8 @@ def stretch_factor(schedule: Schedule, tau: Array, target_ess: float, max_stretc
 class ChainOutput(NamedTuple):
     state: object        # final sampler state
     draws: Array         # (num_samples, d)
-    means: dict          # name -> () mean of the kernel's info over the noisy sampling steps
+    means: dict          # name -> () mean of the kernel's info over the last steps of the noisy
+                         # sampling blocks (one per draw)
     finite: Array        # () every sampling step finite (after rollbacks) and the draws finite
     step_size: Array     # () peak step of the sampling phase (schedule.peak times the frozen step)
     max_noisy_step: Array  # () largest step of the noisy sampling steps (after the cap)
@@ -437,8 +439,19 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     dtype = pos0.dtype
     inf = jnp.array(jnp.inf, dtype)
 
+    # progress: about progress.REPORTS reports per chain, each a scalar predicate and, when it
+    # holds, one host call (fedprob.progress)
+    every = max(1, (num_burnin + schedule.num_periods * schedule.period) // progress.REPORTS)
+
+    def report_if(pred, done, stretch):
+        total = num_burnin + schedule.num_periods * schedule.period * stretch
+        jax.lax.cond(pred, lambda: progress.report(done, total), lambda: None)
+
     def steps(s, keys, eps):
-        return jax.lax.scan(lambda c, k: kernel(k, c, eps, True), s, keys)
+        """One step per key; only the last step's info is computed (see :func:`advance`)."""
+        s = jax.lax.scan(lambda c, k: (kernel(k, c, eps, True)[0], None), s, keys[:-1])[0]
+        s, info = kernel(keys[-1], s, eps, True)
+        return s, info["finite"] & jnp.all(jnp.isfinite(position(s)))
 
     # -- burn-in: windows of adapt_every steps, re-estimating the step and the cap ----------
     nw, rest = divmod(num_burnin, adapt_every)
@@ -488,8 +501,8 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             b = m * jnp.minimum(e, cap_now)
 
             def part(c, kk):
-                c, info = steps(c, jax.random.split(kk, chunk), b)
-                return c, (position(c), jnp.all(info["finite"]))
+                c, ok = steps(c, jax.random.split(kk, chunk), b)
+                return c, (position(c), ok)
 
             s_new, (rec, fin) = jax.lax.scan(part, s, jax.random.split(ks[0], R))
             if adaptive:
@@ -502,6 +515,8 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             e, v2, coef, cap, cap_now, vacc, cnt = estimate(ks[1], s, v if adaptive else None, j + 1,
                                                             vacc, cnt)
             v = v2 if adaptive else v
+            w_every = max(1, -(-every // adapt_every))
+            report_if((j + 1) % w_every == 0, rest + (j + 1) * adapt_every, 1)
             return (s, e, v, m, r, coef, cap, cap_now, vacc, cnt), rec
 
         keys = jnp.stack([jax.random.split(k_burn, nw), jax.random.split(k_win, nw)], axis=1)
@@ -528,23 +543,30 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     info_names = None
 
     def run_steps(s, m, key, j0, n):
-        """``n`` steps from within-period index ``j0``; returns state, sums, positions' sum, ok."""
+        """``n`` steps from within-period index ``j0``; returns state, sums, positions' sum, ok.
+
+        Only the block's last step computes the kernel's info (the others' is dead code XLA
+        removes): NaN/inf propagate through the state, so a failure anywhere in the block
+        shows in the last step's info and the final position."""
+
+        def one(i, s):
+            f, noisy = schedule.factor(j0 + i, k)
+            step = jnp.minimum(eps * f, jnp.where(noisy, cap, EXPLORATION_LOOSENESS * cap)) * m
+            return sample_kernel(jax.random.fold_in(key, i), s, step.astype(dtype), noisy), noisy
 
         def body(i, c):
-            s, acc, psum, ok = c
-            j = j0 + i
-            f, noisy = schedule.factor(j, k)
-            step = jnp.minimum(eps * f, jnp.where(noisy, cap, EXPLORATION_LOOSENESS * cap)) * m
-            s, info = sample_kernel(jax.random.fold_in(key, i), s, step.astype(dtype), noisy)
-            w = jnp.asarray(noisy, dtype) if schedule.exploration not in (None, 1.0) else jnp.ones((), dtype)
-            acc = {name: acc[name] + jnp.where(w > 0, w * jnp.asarray(info[name], dtype), 0.0)
-                   for name in acc if name != "weight"} | {"weight": acc["weight"] + w}
-            if reduce == "mean":
-                psum = psum + position(s)
-            return s, acc, psum, ok & info["finite"]
+            s, psum = c
+            s = one(i, s)[0][0]
+            return s, (psum + position(s) if reduce == "mean" else psum)
 
-        acc0 = {name: jnp.zeros((), dtype) for name in info_names} | {"weight": jnp.zeros((), dtype)}
-        return jax.lax.fori_loop(0, n, body, (s, acc0, jnp.zeros_like(pos0), jnp.array(True)))
+        s, psum = jax.lax.fori_loop(0, n - 1, body, (s, jnp.zeros_like(pos0)))
+        (s, info), noisy = one(n - 1, s)
+        if reduce == "mean":
+            psum = psum + position(s)
+        w = jnp.asarray(noisy, dtype) if schedule.exploration not in (None, 1.0) else jnp.ones((), dtype)
+        acc = {name: jnp.where(w > 0, w * jnp.asarray(info[name], dtype), 0.0) for name in info_names}
+        ok = info["finite"] & jnp.all(jnp.isfinite(position(s)))
+        return s, acc | {"weight": w}, psum, ok
 
     def block(carry, key, j0, n):
         s, m, r, acc, fin = carry
@@ -564,26 +586,33 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             draw = position(s_new)
         return (s_new, m_next, r, acc, fin), draw
 
-    def period(carry, key):
+    b_every = max(1, (every * schedule.draws) // max(schedule.period, 1))
+
+    def period(carry, xs):
+        key, p = xs
         k_pre, k_blocks = jax.random.split(key)
         if schedule.pre:
             carry, _ = block(carry, k_pre, 0, schedule.pre * k)
 
         def one(c, xs):
-            kb, j0, n = xs
-            return block(c, kb, j0 * k, n * k)
+            kb, j0, n, i = xs
+            c, draw = block(c, kb, j0 * k, n * k)
+            report_if((p * schedule.draws + i + 1) % b_every == 0,
+                      num_burnin + (p * schedule.period + j0 + n) * k, k)
+            return c, draw
 
         starts = schedule.pre + np.concatenate([[0], np.cumsum(schedule.gaps)[:-1]])
         return jax.lax.scan(one, carry, (jax.random.split(k_blocks, schedule.draws),
                                          jnp.asarray(starts, jnp.int32),
-                                         jnp.asarray(schedule.gaps, jnp.int32)))
+                                         jnp.asarray(schedule.gaps, jnp.int32),
+                                         jnp.arange(schedule.draws)))
 
     _, probe = jax.eval_shape(lambda s: sample_kernel(k_draw, s, eps, True), state)
     info_names = [name for name in probe if name != "finite"]
     acc0 = {name: jnp.zeros((), dtype) for name in info_names} | {"weight": jnp.zeros((), dtype)}
     carry = (state, mult, jnp.zeros((), jnp.int32), acc0, jnp.array(True))
     (state, mult_end, s_restarts, acc, fin), draws = jax.lax.scan(
-        period, carry, jax.random.split(k_draw, schedule.num_periods))
+        period, carry, (jax.random.split(k_draw, schedule.num_periods), jnp.arange(schedule.num_periods)))
     draws = draws.reshape(-1, pos0.shape[0])
     weight = jnp.maximum(acc["weight"], 1.0)
     means = {name: acc[name] / weight for name in info_names}
@@ -626,7 +655,8 @@ def effective_sample_size(draws: Array) -> Array:
 def chain_diagnostics(out: ChainOutput) -> dict:
     """Scalar diagnostics of one client's chain.
 
-    grad_norm / log_density: means over the noisy sampling steps of the gradient norm and the
+    grad_norm / log_density: means over the noisy sampling blocks' last steps (one per draw:
+    per-step diagnostics cost as much as a small model's gradient) of the gradient norm and the
     (stochastic) log density; nonfinite: any NaN/inf left in the sampling phase or the draws
     (``finite`` is its negation; failures of an adapted chain are rolled back and counted in
     ``burnin_restarts`` / ``sampling_restarts``); ess: the smallest per-coordinate effective

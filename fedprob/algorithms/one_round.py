@@ -310,6 +310,60 @@ class SummingOneRoundAlgorithm(OneRoundAlgorithm):
         return server_state.sums, ids, np.asarray(server_state.ess)[ids]
 
 
+# -- the client phase as its own compiled function (shared between methods) -------------------------
+
+class PhaseData(NamedTuple):
+    """A client's rows (``X, y, n`` as in :class:`~fedprob.potential.ClientData`) and the
+    :class:`ClientResult` its backend already produced (``result``)."""
+
+    X: Array
+    y: Array
+    n: Array
+    result: Any
+
+
+def client_phase_key(algorithm) -> Optional[tuple]:
+    """What the client phase of ``algorithm`` depends on beyond the data: ``(backend, prior
+    share, shared start)`` for a one-round method (methods with equal keys run identical
+    clients), else None. The prior share needs a context, so it is resolved by the caller."""
+    if not isinstance(algorithm, OneRoundAlgorithm):
+        return None
+    return (algorithm.backend, algorithm.shared_start)
+
+
+def run_client_phase(algorithm, ctx: Context, data, keys, start_key):
+    """Every client's :class:`ClientResult` (vmapped), with the keys ``client_update`` uses:
+    ``keys`` (M,) are the engine's per-client keys, ``start_key`` the shared start key."""
+
+    def one(d, k):
+        k_run, _ = jax.random.split(k)
+        return algorithm.run_client(ctx, d, k_run, start_key)
+
+    return jax.vmap(one)(data, keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class FromClientPhase(Algorithm):
+    """``inner``'s server side on results computed beforehand (:class:`PhaseData`): the
+    message, diagnostics, server update and posterior are ``inner``'s, bit for bit the same as
+    when ``inner.client_update`` runs the backend itself."""
+
+    inner: Any
+
+    default_rounds = 1
+
+    def client_update(self, ctx, server_state, client_state, data, key):
+        _, k_msg = jax.random.split(key)
+        message = self.inner.make_message(ctx, data.result, k_msg)
+        return client_state, (client_state, message), data.result.diagnostics
+
+    def server_update(self, ctx, server_state, messages, weights, mask):
+        return self.inner.server_update(ctx, server_state, messages, weights, mask)
+
+    def posterior(self, ctx, server_state, client_states):
+        return self.inner.posterior(ctx, server_state, client_states)
+
+
 # -- running the clients once -----------------------------------------------------------------------
 
 class ClientRuns(NamedTuple):
@@ -497,7 +551,8 @@ def client_weights(sizes, weighting: str) -> Array:
     raise ValueError(f"weighting must be 'size' or 'uniform', got {weighting!r}")
 
 
-__all__ = ["OneRoundAlgorithm", "OneRoundState", "SummingOneRoundAlgorithm", "SumState", "ClientRuns",
+__all__ = ["OneRoundAlgorithm", "OneRoundState", "PhaseData", "FromClientPhase", "run_client_phase",
+           "client_phase_key", "SummingOneRoundAlgorithm", "SumState", "ClientRuns",
            "run_clients", "aggregate", "result_draws", "result_gaussian", "draws_ess", "mc_message",
            "client_gaussian_message",
            "monte_carlo_check", "client_weights", "check_client", "prior_gaussian", "prior_draws",

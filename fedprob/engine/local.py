@@ -76,11 +76,13 @@ def _where_tree(flag, new, old):
 
 
 def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
-                  client_chunk: Optional[int] = None, faults=None, privacy=None):
+                  client_chunk: Optional[int] = None, faults=None, privacy=None, map_clients=None):
     """The pure round function ``(server, clients, data, key) -> (server, clients, RoundInfo)``.
 
     faults: a :class:`fedprob.faults.Faults` (dropout, stragglers, norm bound);
     privacy: a :class:`fedprob.privacy.GaussianDP` message transform.
+    ``map_clients(one, (states, data, keys))`` maps the single-client update over the
+    participants (default: vmap, or lax.map in chunks; :mod:`.sharded` shards it).
     """
     K, M = ctx.num_clients, num_participants
 
@@ -96,7 +98,9 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
             new_c, msg, diag = algorithm.client_update(ctx, server_state, c, dd, k)
             return new_c, msg, diag, finite_flag(new_c, msg)
 
-        if client_chunk is None or client_chunk >= M:
+        if map_clients is not None:
+            new_cs, msgs, diags, ok = map_clients(one, (cs, d, keys))
+        elif client_chunk is None or client_chunk >= M:
             new_cs, msgs, diags, ok = jax.vmap(one)((cs, d, keys))
         else:
             new_cs, msgs, diags, ok = jax.lax.map(one, (cs, d, keys), batch_size=client_chunk)

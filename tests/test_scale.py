@@ -1,0 +1,60 @@
+"""Client phases shared between one-round methods, and progress reported from inside chains."""
+import jax
+import numpy as np
+
+import fedprob as fp
+from fedprob import progress
+from fedprob.engine import client_phase, local
+from fedprob.potential import make_target
+from fedprob.run import get_potential
+
+from conftest import linreg_model
+
+
+def _fed(K=3, n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(K * n, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=K * n)).astype(np.float32)
+    return fp.data.partition(X, y, num_clients=K, scheme="iid", seed=seed)
+
+
+SGLD = fp.inference.SGLD(num_burnin=100, num_samples=20, thinning=2, batch_size=8, target_ess=0)
+LAPLACE = fp.inference.Laplace()
+
+
+def test_client_phase_is_compiled_once_and_matches_the_fused_round():
+    fed, model = _fed(), linreg_model()
+    client_phase.clear_cache()
+    r_pb = fp.run(fp.algorithms.PredictiveBayes(client=LAPLACE), model, fed, progress=False)
+    r_en = fp.run(fp.algorithms.Ensemble(client=LAPLACE), model, fed, progress=False)
+    assert r_pb.info["client_phase_compile_s"] > 0
+    assert r_en.info["client_phase_compile_s"] == 0.0          # shared with PredictiveBayes
+    assert client_phase.COMPILE_COUNT["phase"] == 1
+    # the engine running Ensemble.client_update itself (client phase fused into the round)
+    algo, ctx, data = fp.algorithms.Ensemble(client=LAPLACE), r_en.context, fed.client_data()
+    k_init, k_rounds = jax.random.split(jax.random.PRNGKey(0))
+    server, clients = algo.init(ctx, k_init, data)
+    fused = jax.jit(local.make_round_fn(algo, ctx, fed.num_clients))
+    server, _, _ = fused(server, clients, data, jax.random.fold_in(k_rounds, 0))
+    leaves = jax.tree_util.tree_leaves
+    for a, b, c in zip(leaves(server.messages), leaves(r_en.server_state.messages),
+                       leaves(r_pb.server_state.messages)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    draws = [np.asarray(m) for m in leaves(r_en.server_state.messages) if np.ndim(m) == 3]
+    assert draws and np.std(draws[0]) > 0                    # the clients' draws, not empty slots
+
+
+def test_progress_reports_from_inside_a_chain():
+    fed = _fed(K=1)
+    pot = get_potential(linreg_model(), fed)
+    target = make_target(jax.tree_util.tree_map(lambda a: a[0], fed.client_data()), pot.dim)
+    run = jax.jit(lambda k: SGLD.run(k, pot, target).posterior.draws)
+    with progress.phase("test", enabled=False) as ph:
+        jax.block_until_ready(run(jax.random.PRNGKey(0)))
+    assert ph.shown == 1000                                  # the chain reached its end
+    assert 10 <= ph.reports <= 2 * progress.REPORTS          # coarse: not one report per step
+    with progress.phase("two groups", groups=2, enabled=False) as ph:
+        jax.block_until_ready(run(jax.random.PRNGKey(0)))
+        assert 400 <= ph.shown <= 500                        # the first of two sequential groups
+        jax.block_until_ready(run(jax.random.PRNGKey(1)))
+    assert ph.shown == 1000
