@@ -1,0 +1,265 @@
+"""The natural-parameter (dual) family against exact oracles: conjugate Gaussian posteriors,
+the pooled MAP of a logistic regression, and the papers' update equations run in numpy."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import linreg_exact_posterior, linreg_model
+
+import fedprob as fp
+from fedprob.algorithms import ADMM, PVI, BayesADMM, FedDyn, FedLap, FedLapCov, NaturalLoop, run_sequential
+from fedprob.inference import Laplace
+
+SIGMA, PRIOR = 0.5, 1.0
+
+
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def linreg_fed(sizes, seed=0, d=3):
+    rng = np.random.default_rng(seed)
+    corr = 0.6 * np.ones((d, d)) + 0.4 * np.eye(d)
+    Xs = [rng.normal(size=(n, d)) @ np.linalg.cholesky(corr).T + rng.normal(size=d) for n in sizes]
+    w = rng.normal(size=d) * 2
+    ys = [X @ w + SIGMA * rng.normal(size=n) for X, n in zip(Xs, sizes)]
+    return Xs, ys, fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
+
+
+def run(algo, model, fed, rounds, **kw):
+    return fp.run(algo, model, fed, rounds=rounds, progress=False, **kw)
+
+
+def test_pvi_is_exact_after_one_round(x64):
+    Xs, ys, fed = linreg_fed([2, 20, 40])
+    mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
+    g = run(PVI(family="full"), linreg_model(PRIOR, SIGMA), fed, 1).posterior.form
+    np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(g.precision), np.linalg.inv(cov), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_pvi_and_bayes_admm_are_exact_after_one_round_admm_is_not(x64):
+    Xs, ys, fed = linreg_fed([5, 20, 40, 60])
+    model = linreg_model(PRIOR, SIGMA)
+    mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
+    prec = np.linalg.inv(cov)
+    for algo in (PVI(family="full"), BayesADMM(covariance="full", rho=1 / 4, gamma=1 / 4)):   # Prop. 3.2
+        g = run(algo, model, fed, 1).posterior.form
+        np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(g.precision), prec, rtol=1e-6)
+    # federated ADMM (Fig. 2a) needs many rounds on the same problem
+    err = [np.abs(np.asarray(run(ADMM(), model, fed, r).posterior.form.mean()) - mean).max() for r in (1, 20)]
+    assert err[0] > 0.1 and 1e-3 < err[1] < err[0]
+
+
+@pytest.mark.slow
+def test_pvi_is_exact_with_85_clients_of_1_to_100_rows(x64):
+    sizes = np.random.default_rng(3).integers(1, 101, size=85)
+    sizes[:5] = [1, 1, 2, 2, 3]                       # fewer rows than the 3 parameters
+    Xs, ys, fed = linreg_fed(sizes, seed=4)
+    mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
+    g = run(PVI(family="full"), linreg_model(PRIOR, SIGMA), fed, 1).posterior.form
+    np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(g.precision), np.linalg.inv(cov), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_sequential_pvi_is_exact_after_one_sweep(x64):
+    Xs, ys, fed = linreg_fed([3, 10, 25])
+    mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
+    res = run_sequential(PVI(family="full"), linreg_model(PRIOR, SIGMA), fed, sweeps=1)
+    np.testing.assert_allclose(np.asarray(res.posterior.form.mean()), mean, atol=1e-7)
+    assert res.history[0]["server_update_ok"] and not res.history[0]["excluded"]
+
+
+# -- logistic regression: the papers' equations in numpy, and the pooled MAP ---------------------
+
+K, N_K, D = 4, 30, 3
+
+
+@pytest.fixture(scope="module")
+def logistic():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(K * N_K, D))
+    y = (rng.uniform(size=K * N_K) < 1 / (1 + np.exp(-(X @ np.array([1.5, -1.0, 0.5]) + 0.3)))).astype(np.int32)
+    order = np.argsort(X[:, 0])                           # heterogeneous clients
+    X, y = X[order], y[order]
+    clients = [(X[k * N_K:(k + 1) * N_K], y[k * N_K:(k + 1) * N_K]) for k in range(K)]
+    fed = fp.data.FederatedData.from_clients(clients, num_classes=2)
+    Xb = [np.c_[Xk, np.ones(N_K)] for Xk, _ in clients]
+    w = newton(lambda w: sum(nll_grad_hess(Xk, yk, w)[0] for Xk, (_, yk) in zip(Xb, clients)) + w,
+               lambda w: sum(nll_grad_hess(Xk, yk, w)[1] for Xk, (_, yk) in zip(Xb, clients)) + np.eye(D + 1),
+               np.zeros(D + 1))
+    H = sum(nll_grad_hess(Xk, yk, w)[1] for Xk, (_, yk) in zip(Xb, clients))
+    return fed, [(Xk, yk) for Xk, (_, yk) in zip(Xb, clients)], w, np.diag(H) + 1.0
+
+
+def nll_grad_hess(X, y, w):
+    p = 1 / (1 + np.exp(-X @ w))
+    return X.T @ (p - y), X.T @ (X * (p * (1 - p))[:, None])
+
+
+def newton(grad, hess, w, steps=60):
+    for _ in range(steps):
+        w = w - np.linalg.solve(hess(w), grad(w))
+    return w
+
+
+def fedlap_reference(clients, rounds, delta=1.0):
+    """FedLap paper Eq. 9 with exact client solves, rho_k = N_k / N."""
+    v = [np.zeros(D + 1) for _ in clients]
+    w_g = np.zeros(D + 1)
+    rho = 1 / len(clients)
+    for _ in range(rounds):
+        for k, (X, y) in enumerate(clients):
+            w_k = newton(lambda w: nll_grad_hess(X, y, w)[0] + delta * v[k] + delta * (w - w_g),
+                         lambda w: nll_grad_hess(X, y, w)[1] + delta * np.eye(D + 1), w_g.copy())
+            v[k] = v[k] + rho * (w_k - w_g)
+        w_g = sum(v)
+    return w_g
+
+
+def fedlap_cov_reference(clients, rounds, delta=1.0):
+    """FedLap paper Eq. 21 with exact client solves and the (exact) diagonal GGN, rho = 1/K."""
+    v = [np.zeros(D + 1) for _ in clients]
+    V = [np.zeros(D + 1) for _ in clients]
+    S_g, w_g = np.full(D + 1, delta), np.zeros(D + 1)
+    rho = 1 / len(clients)
+    for _ in range(rounds):
+        for k, (X, y) in enumerate(clients):
+            w_k = newton(lambda w: nll_grad_hess(X, y, w)[0] + v[k] - V[k] * w + S_g * (w - w_g),
+                         lambda w: nll_grad_hess(X, y, w)[1] + np.diag(S_g - V[k]), w_g.copy())
+            H = np.diag(nll_grad_hess(X, y, w_k)[1])
+            S_k = H - V[k] + S_g
+            v[k] = v[k] + rho * (S_k * w_k - S_g * w_g)
+            V[k] = (1 - rho) * V[k] + rho * H
+        S_g = delta + sum(V)
+        w_g = sum(v) / S_g
+    return w_g, S_g
+
+
+@pytest.mark.slow
+def test_fedlap_and_fedlap_cov_follow_the_paper_step_for_step(x64, logistic):
+    fed, clients, _, _ = logistic
+    model = fp.models.logistic_regression(prior_scale=PRIOR)
+    for rounds in (1, 3):
+        got = run(FedLap(), model, fed, rounds).posterior.form
+        np.testing.assert_allclose(np.asarray(got.mean()), fedlap_reference(clients, rounds), atol=1e-6)
+        got = run(FedLapCov(), model, fed, rounds).posterior.form
+        w_ref, S_ref = fedlap_cov_reference(clients, rounds)
+        np.testing.assert_allclose(np.asarray(got.mean()), w_ref, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(got.precision), S_ref, rtol=1e-6)
+    # the named configurations are the loop's: FedLap = isotropic PVI with damping N_k/N,
+    # FedLap-Cov = diagonal-Laplace PVI damped by 1/K
+    same = [(FedLap(), PVI(family="isotropic", damping="size", client=Laplace())),
+            (FedLapCov(), PVI(family="diag", damping="clients", client=Laplace(hessian="diag_ggn")))]
+    for a, b in same:
+        ga, gb = (run(x, model, fed, 2).posterior.form for x in (a, b))
+        np.testing.assert_allclose(np.asarray(ga.linear), np.asarray(gb.linear), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(ga.precision), np.asarray(gb.precision), rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_fedlap_fedlap_cov_admm_feddyn_converge_to_the_global_map(x64, logistic):
+    fed, _, w_map, prec_map = logistic
+    model = fp.models.logistic_regression(prior_scale=PRIOR)
+    # FedLap-Cov and FedDyn converge fast; FedLap (damping 1/K) and ADMM (rho = 1/K) slowly, geometrically
+    for algo, rounds, tol in ((FedLapCov(), 40, 1e-3), (FedDyn(), 30, 1e-3), (FedLap(rho="clients"), 60, 2e-2),
+                              (ADMM(), 60, 5e-2)):
+        post = run(algo, model, fed, rounds).posterior
+        np.testing.assert_allclose(np.asarray(post.form.mean()), w_map, atol=tol, err_msg=type(algo).__name__)
+        if isinstance(algo, FedLapCov):      # precision -> the diagonal Laplace precision at the MAP
+            np.testing.assert_allclose(np.asarray(post.form.precision), prec_map, rtol=1e-3)
+
+
+# -- participation, rejected rounds, priors, prediction ----------------------------------------
+
+def test_absent_clients_keep_their_sites(x64):
+    _, _, fed = linreg_fed([10, 20, 30, 40, 50])
+    res = run(PVI(family="diag", damping=0.5), linreg_model(PRIOR, SIGMA), fed, 1, clients_per_round=2)
+    part = res.history[0]["participants"]
+    sites = np.asarray(res.client_states.linear)
+    absent = [k for k in range(5) if k not in part]
+    assert len(part) == 2 and np.all(sites[absent] == 0) and np.all(np.abs(sites[part]).max(1) > 0)
+    # the server's running sum of sites is the sum of the committed sites
+    np.testing.assert_allclose(np.asarray(res.server_state.site_sum.linear), sites.sum(0), rtol=1e-12)
+
+
+class _Rejected(NaturalLoop):
+    """A loop whose server update is never finite (the engine must discard the whole round)."""
+
+    def server_update(self, ctx, server_state, messages, weights, mask):
+        new = super().server_update(ctx, server_state, messages, weights, mask)
+        return jax.tree_util.tree_map(lambda a: a * jnp.nan, new)
+
+
+@pytest.mark.slow
+def test_a_rejected_server_update_changes_no_client_state(x64):
+    _, _, fed = linreg_fed([10, 20, 30])
+    algo = _Rejected(family="diag")
+    res = run(algo, linreg_model(PRIOR, SIGMA), fed, 2)
+    assert not any(h["server_update_ok"] for h in res.history)
+    assert np.all(np.asarray(res.client_states.linear) == 0) and np.all(np.asarray(res.client_states.precision) == 0)
+    prior = res.server_state.prior
+    np.testing.assert_array_equal(np.asarray(res.server_state.lam.precision), np.asarray(prior.precision))
+
+
+@pytest.mark.slow
+def test_priors_come_from_the_model_or_delta():
+    _, _, fed = linreg_fed([10, 20])
+    pot = fp.run.__globals__["get_potential"](linreg_model(2.0, SIGMA), fed)
+    ctx = fp.algorithms.Context(pot, 2, np.array([10, 20]), 30)
+    server, _ = NaturalLoop().init(ctx, jax.random.PRNGKey(0), fed.client_data())
+    np.testing.assert_allclose(np.asarray(server.prior.precision), 0.25)          # N(0, 2^2)
+    server, _ = NaturalLoop(delta=3.0, family="full").init(ctx, jax.random.PRNGKey(0), fed.client_data())
+    np.testing.assert_allclose(np.asarray(server.prior.precision), 3.0 * np.eye(3))
+    # a HalfNormal noise scale is not Gaussian: a documented moment-matched approximation, with a warning
+    pot = fp.run.__globals__["get_potential"](fp.models.linear_regression(), fed)
+    ctx = fp.algorithms.Context(pot, 2, np.array([10, 20]), 30)
+    with pytest.warns(RuntimeWarning, match="not Gaussian"):
+        NaturalLoop().init(ctx, jax.random.PRNGKey(0), fed.client_data())
+
+
+def test_bad_configurations_fail_early():
+    with pytest.raises(ValueError, match="family"):
+        PVI(family="lowrank")
+    with pytest.raises(ValueError, match="damping"):
+        PVI(damping=1.5)
+    with pytest.raises(ValueError, match="rho"):
+        FedLap(rho="sometimes")
+    with pytest.raises(ValueError, match="hessian"):
+        FedLapCov(hessian="full")
+    with pytest.raises(ValueError, match="Gaussian backend"):
+        PVI(client=fp.inference.SGLD())
+    with pytest.raises(ValueError, match="alpha"):
+        FedDyn(alpha=0.0)
+    with pytest.raises(ValueError, match="covariance"):
+        BayesADMM(covariance="block")
+
+
+@pytest.mark.slow
+def test_posterior_predicts_at_the_mean_or_by_model_averaging(x64, logistic):
+    fed, clients, _, _ = logistic
+    model = fp.models.logistic_regression(prior_scale=PRIOR)
+    post = run(PVI(), model, fed, 2).posterior
+    X = np.asarray(clients[0][0][:, :D])
+    m = np.asarray(post.form.mean())
+    at_mean = 1 / (1 + np.exp(-(X @ m[:D] + m[D])))
+    np.testing.assert_allclose(np.asarray(post.predict(X, prediction="mean"))[:, 1], at_mean, rtol=1e-10)
+    draws = np.asarray(post.form.sample(post._key, post.num_predictive_draws))
+    bma = np.mean(1 / (1 + np.exp(-(X @ draws[:, :D].T + draws[:, D]))), 1)
+    np.testing.assert_allclose(np.asarray(post.predict(X))[:, 1], bma, rtol=1e-10)
+    assert post.num_predictive_draws == 32
+
+
+@pytest.mark.slow
+def test_bayes_admm_with_ivon_approaches_the_diagonal_posterior(x64, logistic):
+    fed, _, w_map, prec_map = logistic
+    post = run(BayesADMM(client=fp.inference.IVON()), fp.models.logistic_regression(prior_scale=PRIOR), fed, 20).posterior
+    # variational, not Laplace: the mean lies within a fraction of a posterior sd of the MAP
+    assert np.all(np.abs(np.asarray(post.form.mean()) - w_map) * np.sqrt(prec_map) < 0.5)
+    np.testing.assert_allclose(np.asarray(post.form.precision), prec_map, rtol=0.25)
