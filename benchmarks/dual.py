@@ -106,10 +106,12 @@ def curves(algo, model, fed, test, rounds: int, seed: int = 0):
     return out
 
 
-def run_problem(name, fed, test, rounds, quick):
+def run_problem(name, fed, test, rounds, quick, only=None):
     model = fp.models.logistic_regression(prior_scale=1.0)
     out = {}
     for mname, algo in methods(quick).items():
+        if only and mname not in only:
+            continue
         t = time.perf_counter()
         out[mname] = curves(algo, model, fed, test, rounds)
         print(f"  {name} {mname}: acc@{rounds} {out[mname]['accuracy'][-1]:.3f} ({time.perf_counter() - t:.0f} s)",
@@ -144,6 +146,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="CI size; writes no files")
     p.add_argument("--data", default=None)
     p.add_argument("--problems", default="credit,heart")
+    p.add_argument("--methods", default=None, help="comma-separated subset of the methods")
+    p.add_argument("--merge", action="store_true", help="update results/dual.json instead of replacing it")
     args = p.parse_args(argv)
     root = find_data_root(args.data)
     if root is None:
@@ -155,7 +159,14 @@ def main(argv=None):
     probs = ["credit"] if args.quick else args.problems.split(",")
     for prob in probs:
         fed, test = credit_split(root) if prob == "credit" else heart_split(root)
-        res["problems"][prob] = run_problem(prob, fed, test, rounds, args.quick)
+        only = args.methods.split(",") if args.methods else None
+        res["problems"][prob] = run_problem(prob, fed, test, rounds, args.quick, only)
+    if args.merge and (RESULTS / "dual.json").exists():
+        old = json.loads((RESULTS / "dual.json").read_text())
+        for prob, table in res["problems"].items():
+            old["problems"].setdefault(prob, {}).update(table)
+        old["seconds"] = old.get("seconds", 0.0) + time.perf_counter() - t0
+        res = old
     res["seconds"] = time.perf_counter() - t0
     text = report(res)
     print(text)

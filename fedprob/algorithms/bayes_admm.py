@@ -18,7 +18,15 @@ diagonal GGN for ``covariance="diag"`` and the full GGN for ``"full"``,
 exact for quadratic losses, App. C.4). The default is the Laplace solve:
 with IVON clients the server mean blew up in the second round on the
 heterogeneous Credit split (rho = 1, 500 or 2,000 IVON steps), while the
-Laplace solves converged. Prop. 3.2: for quadratic losses, ``rho = gamma = 1/K`` and the server
+Laplace solves converged. The dual step defaults to ``gamma = 0.1`` (the
+paper: "typically 0.1 works well"): with ``gamma = rho = 1`` the server's
+first precision undercounts the data by ``2 / (K + 1)``, the next client
+problem's quadratic term ``S_g - U_k`` turned negative for the clients
+with the most curvature and the Credit run diverged in round 2 (28%
+accuracy), while ``gamma = 0.1`` keeps it above the prior's and reached
+86-87% (NLL 0.36) in 20 rounds.
+
+Prop. 3.2: for quadratic losses, ``rho = gamma = 1/K`` and the server
 started at the prior, one round gives the exact posterior. The default is
 ``rho = 1`` nonetheless: with ``rho = 1/K`` the client's quadratic term
 ``rho S_g - U_k`` is negative wherever client k's curvature exceeds the
@@ -65,7 +73,8 @@ class BayesADMM(Configured):
 
     client: Gaussian backend (None: ``Laplace(hessian="diag_ggn")`` for diag,
     ``Laplace(hessian="ggn")`` for full; ``IVON()`` is Alg. 1 as printed); covariance: "diag" or "full"; rho: KL weight (1; 1/K gives Prop. 3.2);
-    gamma: dual step (None = rho); delta: prior precision (None = the model
+    gamma: dual step (0.1, the paper's
+    usual value; None = rho, as in Prop. 3.2); delta: prior precision (None = the model
     prior's); tau: temperature of the client losses; prediction: "average"
     over ``num_predictive_draws`` draws of q_g (default) or "mean".
     """
@@ -73,7 +82,7 @@ class BayesADMM(Configured):
     client: Any = None
     covariance: str = "diag"
     rho: float = 1.0
-    gamma: Optional[float] = None
+    gamma: Optional[float] = 0.1
     delta: Optional[float] = None
     tau: float = 1.0
     prediction: str = "average"
