@@ -285,3 +285,32 @@ def test_bayes_admm_with_ivon_approaches_the_diagonal_posterior(x64, logistic):
     # variational, not Laplace: the mean lies within a fraction of a posterior sd of the MAP
     assert np.all(np.abs(np.asarray(post.form.mean()) - w_map) * np.sqrt(prec_map) < 0.5)
     np.testing.assert_allclose(np.asarray(post.form.precision), prec_map, rtol=0.25)
+
+
+# -- BayesADMM with IVON clients (Alg. 1) ----------------------------------------------------------
+
+def test_bayes_admm_with_ivon_reaches_the_mean_field_posterior():
+    """The fixed point of BayesADMM (duals at rest: lambda_k = lambda_g for every k) is the
+    mean-field VB optimum of the pooled problem: for a linear regression the exact mean and the
+    diagonal of the exact precision. IVON clients at their defaults (no mode search: the server
+    mean is the start) reach it within IVON's Monte Carlo noise."""
+    Xs, ys, fed = linreg_fed([10, 20, 40], d=2)
+    mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
+    prec, sd = np.diag(np.linalg.inv(cov)), np.sqrt(np.diag(cov))
+    algo = BayesADMM(client=fp.inference.IVON(map_steps=0))
+    got = {r: run(algo, linreg_model(PRIOR, SIGMA), fed, r).posterior.form for r in (1, 40)}
+    # round 1 in numpy (Alg. 1 lines 4-11, exact mean-field client solves from the prior): client k's
+    # q_k has the exact mean of its tilted problem and the diagonal of its precision
+    K, gamma, S0 = 3, 0.1, np.full(2, 1 / PRIOR ** 2)
+    a = 1 / (1 + K)
+    P_k = [np.diag(S0) + X.T @ X / SIGMA ** 2 for X in Xs]
+    s_k = [np.diag(P) for P in P_k]
+    sm_k = [s * np.linalg.solve(P, X.T @ y / SIGMA ** 2) for s, P, X, y in zip(s_k, P_k, Xs, ys)]
+    s_g = (1 - a) * np.mean(s_k, 0) + a * (S0 + gamma * sum(s - S0 for s in s_k))
+    m_g = ((1 - a) * np.mean(sm_k, 0) + a * gamma * sum(sm_k)) / s_g
+    # tolerances: 1.5 times the largest error over 10 seeds (float32 and float64), IVON's noise
+    np.testing.assert_allclose(np.asarray(got[1].precision), s_g, rtol=0.1)
+    np.testing.assert_allclose(np.asarray(got[1].mean()), m_g, atol=0.12 / np.sqrt(s_g).max())
+    # 40 rounds: the pooled mean-field optimum
+    np.testing.assert_allclose(np.asarray(got[40].mean()), mean, atol=0.05 * sd.min())
+    np.testing.assert_allclose(np.asarray(got[40].precision), prec, rtol=0.08)
