@@ -9,8 +9,10 @@ Logistic regression (FedLap paper, Table 1), accuracy after 10/20/25/50 rounds:
 
 Methods: FedAvg, FedProx (Adam 1e-3, batch 4, 10 local epochs, as the
 paper's grid), FedDyn, FedLap, FedLap-Cov, BayesADMM (diagonal Laplace
-clients, rho = 1; at the server mean and averaged over 32 draws of q_g), PVI (diagonal Laplace
-clients, damping 1/K). FedLap-Func is not in the library and not run. The
+clients, rho = 1, gamma = 0.1; at the server mean and averaged over 32 draws of q_g),
+BayesADMM-IVON (the same with IVON clients: Alg. 1 as printed), FedLap-Func
+(2 memory points per client, tau = 1, rho = N_k/N), PVI (diagonal Laplace
+clients, damping 1/K). The
 natural-family methods and FedDyn solve their client problems with
 full-batch L-BFGS (the paper uses Adam on minibatches of 4). The prior is
 the model's N(0, I) (delta = 1, inside the papers' grids). The papers report
@@ -39,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 import fedprob as fp
-from fedprob.algorithms import PVI, BayesADMM, FedAvg, FedDyn, FedLap, FedLapCov, FedProx
+from fedprob.algorithms import PVI, BayesADMM, FedAvg, FedDyn, FedLap, FedLapCov, FedLapFunc, FedProx
+from fedprob.inference import IVON
 from fedprob.metrics import classification_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,8 +88,8 @@ def heart_split(root):
 def methods(quick: bool):
     local = dict(client_optimizer="adam", learning_rate=1e-3, batch_size=4, local_epochs=10)
     out = {"FedAvg": FedAvg(**local), "FedProx": FedProx(mu=0.1, **local), "FedDyn": FedDyn(alpha=0.1),
-           "FedLap": FedLap(), "FedLapCov": FedLapCov(), "BayesADMM": BayesADMM(),
-           "PVI": PVI(damping="clients")}
+           "FedLap": FedLap(), "FedLapCov": FedLapCov(), "FedLapFunc": FedLapFunc(), "BayesADMM": BayesADMM(),
+           "BayesADMM-IVON": BayesADMM(client=IVON()), "PVI": PVI(damping="clients")}
     if quick:
         out = {k: out[k] for k in ("FedLapCov",)}
     return out

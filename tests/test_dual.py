@@ -7,7 +7,8 @@ import pytest
 from conftest import linreg_exact_posterior, linreg_model
 
 import fedprob as fp
-from fedprob.algorithms import ADMM, PVI, BayesADMM, FedDyn, FedLap, FedLapCov, NaturalLoop, run_sequential
+from fedprob.algorithms import (ADMM, PVI, BayesADMM, FedDyn, FedLap, FedLapCov, FedLapFunc, NaturalLoop,
+                               run_sequential)
 from fedprob.inference import Laplace
 
 SIGMA, PRIOR = 0.5, 1.0
@@ -261,6 +262,12 @@ def test_bad_configurations_fail_early():
         FedDyn(alpha=0.0)
     with pytest.raises(ValueError, match="covariance"):
         BayesADMM(covariance="block")
+    with pytest.raises(ValueError, match="memory_points"):
+        FedLapFunc(memory_points=-1)
+    with pytest.raises(ValueError, match="tau"):
+        FedLapFunc(tau=-1.0)
+    with pytest.raises(ValueError, match="rho"):
+        FedLapFunc(rho=2.0)
 
 
 @pytest.mark.slow
@@ -314,3 +321,28 @@ def test_bayes_admm_with_ivon_reaches_the_mean_field_posterior():
     # 40 rounds: the pooled mean-field optimum
     np.testing.assert_allclose(np.asarray(got[40].mean()), mean, atol=0.05 * sd.min())
     np.testing.assert_allclose(np.asarray(got[40].precision), prec, rtol=0.08)
+
+
+# -- FedLap-Func ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_fedlap_func_exact_function_space_terms_and_its_fixed_point(x64):
+    """Memory points = all of a client's rows make each function-space term the client's exact
+    quadratic likelihood around w_k: with rho = 1 the first server solve is the pooled MAP. Without
+    memory points it is FedLap step for step; with 2 per client it converges to the pooled MAP
+    (its fixed point: every function-space gradient vanishes at w_k = w_g)."""
+    sigma = 3.0
+    Xs, ys, fed = linreg_fed([5, 10, 20], d=2)
+    ys = [X @ np.linalg.lstsq(X, y, rcond=None)[0] + (sigma - SIGMA) * np.random.default_rng(5).normal(size=len(y))
+          for X, y in zip(Xs, ys)]
+    fed = fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
+    model = linreg_model(PRIOR, sigma)
+    w_map, _ = linreg_exact_posterior(Xs, ys, sigma, PRIOR)
+    got = run(FedLapFunc(memory_points=20, rho=1.0), model, fed, 1).posterior.form.mean()
+    np.testing.assert_allclose(np.asarray(got), w_map, atol=1e-6)
+    for r in (1, 3):
+        a, b = (run(x, model, fed, r).posterior.form.mean() for x in (FedLapFunc(memory_points=0), FedLap()))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-8)
+    err = [np.abs(np.asarray(run(FedLapFunc(), model, fed, r).posterior.form.mean()) - w_map).max()
+           for r in (1, 100)]
+    assert err[0] > 0.3 and err[1] < 1e-2

@@ -15,3 +15,4 @@ from .fedlap import FedLap, FedLapCov
 from .bayes_admm import BayesADMM
 from .admm import ADMM
 from .feddyn import FedDyn
+from .fedlap_func import FedLapFunc
