@@ -9,3 +9,4 @@ from .cyclical_sghmc import CyclicalSGHMC
 from .iasg import IASG
 from .svi import SVI
 from .ivon import IVON, IVONInputs, IVONState, ivon_init, ivon_solve, ivon_step
+from .von import VON

@@ -15,7 +15,9 @@ with ``alpha = 1 / (1 + rho K)``, started at the prior. The client problem
 is solved by the backend given: :class:`~fedprob.inference.IVON` (Alg. 2)
 or a Laplace/Newton solve (the delta approximation at the mode, with the
 diagonal GGN for ``covariance="diag"`` and the full GGN for ``"full"``,
-exact for quadratic losses, App. C.4). The default is the Laplace solve
+exact for quadratic losses, App. C.4), or, for ``covariance="full"``,
+:class:`~fedprob.inference.VON` (variational online Newton with a full
+precision, the paper's full-covariance solver). The default is the Laplace solve
 (deterministic, no Monte Carlo noise); ``client=IVON()`` is Alg. 1 as
 printed and works at the same defaults.
 
@@ -87,7 +89,8 @@ class BayesADMM(Configured):
     """BayesADMM (module docstring).
 
     client: Gaussian backend (None: ``Laplace(hessian="diag_ggn")`` for diag,
-    ``Laplace(hessian="ggn")`` for full; ``IVON()`` is Alg. 1 as printed); covariance: "diag" or "full"; rho: KL weight (1; 1/K gives Prop. 3.2);
+    ``Laplace(hessian="ggn")`` for full; ``IVON()`` is Alg. 1 as printed; ``VON()`` the
+    full-covariance variational solve); covariance: "diag" or "full"; rho: KL weight (1; 1/K gives Prop. 3.2);
     gamma: dual step (0.1, the paper's
     usual value; None = rho, as in Prop. 3.2); delta: prior precision (None = the model
     prior's); tau: temperature of the client losses; prediction: "average"
