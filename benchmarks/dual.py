@@ -85,6 +85,83 @@ def heart_split(root):
     return fed, (ds.X_test, ds.y_test)
 
 
+#: the Fashion-MNIST MLP part (BayesADMM paper, Table 1: MLP (200, 100), 10% of FMNIST, 10 clients)
+FMNIST_ROUNDS = (10, 25, 50)
+
+
+def fmnist_split(root, seed: int = 0, fraction: float = 0.1, num_clients: int = 10, test_rows: int = 2000):
+    """10% of the Fashion-MNIST training rows over 10 clients, sizes ~ Dir(1) and classes ~ Dir(0.5)
+    per client; the first ``test_rows`` rows of a fixed permutation of the test set."""
+    ds = fp.data.load_fashion_mnist(root)
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(ds.y_train))[: int(fraction * len(ds.y_train))]
+    fed = fp.data.partition(ds.X_train[idx], ds.y_train[idx], num_clients, scheme="dirichlet", seed=seed,
+                            num_classes=10, alpha=0.5, alpha_size=1.0)
+    t = rng.permutation(len(ds.y_test))[:test_rows]
+    return fed, (ds.X_test[t], ds.y_test[t])
+
+
+def fmnist_methods(local_epochs: float):
+    """Adam 1e-3 on minibatches of 32 for every local solve (the paper's batch size), about
+    ``local_epochs`` passes over a client's rows (a 600-row client: 19 steps per epoch)."""
+    steps = int(round(local_epochs * 600 / 32))
+    adam = dict(optimizer="adam", learning_rate=1e-3, batch_size=32, num_steps=steps)
+    return {"FedAvg": FedAvg(client_optimizer="adam", learning_rate=1e-3, batch_size=32,
+                             local_epochs=local_epochs),
+            "FedDyn": FedDyn(alpha=0.1, **adam),
+            "FedLapCov": FedLapCov(**adam),
+            "BayesADMM-IVON": BayesADMM(client=IVON(num_steps=steps, batch_size=32, map_steps=0))}
+
+
+def run_fmnist(root, rounds: int, local_epochs: float, only=None, eval_every: int = 5):
+    fed, test = fmnist_split(root)
+    model = fp.models.bnn_mlp((200, 100), num_classes=10, activation="sigmoid", prior_scale=1.0)
+    out = {}
+    for name, algo in fmnist_methods(local_epochs).items():
+        if only and name not in only:
+            continue
+        t = time.perf_counter()
+        res = fp.run(algo, model, fed, rounds=rounds, eval_data=test, eval_every=eval_every, progress=False)
+        curve = {"rounds": [h["round"] for h in res.history if "accuracy" in h],
+                 "accuracy": [h["accuracy"] for h in res.history if "accuracy" in h],
+                 "nll": [h["nll"] for h in res.history if "accuracy" in h],
+                 "seconds": float(sum(h["time"] for h in res.history)), "compile_seconds": float(res.compile_time)}
+        post = res.posterior
+        if isinstance(post.form, fp.Gaussian):
+            for pred in ("mean", "average"):
+                curve[f"final_{pred}"] = classification_metrics(
+                    np.asarray(post.predict(test[0], prediction=pred)), test[1])
+        out[name] = curve
+        print(f"  fmnist {name}: acc@{rounds} {curve['accuracy'][-1]:.3f} ({time.perf_counter() - t:.0f} s)",
+              flush=True)
+    return {"rounds": rounds, "local_epochs": local_epochs, "test_rows": len(test[1]), "methods": out}
+
+
+def fmnist_report(part) -> str:
+    lines = [f"\n### fmnist_mlp: MLP (200, 100), sigmoid, 10% of Fashion-MNIST, 10 clients (sizes Dir(1), "
+             f"classes Dir(0.5)); {part['local_epochs']} local epochs of Adam (batch 32); test accuracy % "
+             f"(NLL) on {part['test_rows']} test rows; paper's accuracy in brackets\n"]
+    rs = [r for r in FMNIST_ROUNDS if r <= part["rounds"]]
+    lines.append("| method | " + " | ".join(f"R={r}" for r in rs) + " | final at mean / averaged (acc, NLL) |")
+    lines.append("|---" * (len(rs) + 2) + "|")
+    for m, c in part["methods"].items():
+        cells = []
+        for r in rs:
+            paper = PAPER["fmnist_mlp"].get(m.replace("-IVON", ""), {}).get(r)
+            if r in c["rounds"]:
+                i = c["rounds"].index(r)
+                cells.append(f"{100 * c['accuracy'][i]:.1f} ({c['nll'][i]:.3f})"
+                             + (f" [{paper}]" if paper is not None else ""))
+            else:
+                cells.append("")
+        fin = ""
+        if "final_mean" in c:
+            fm, fa = c["final_mean"], c["final_average"]
+            fin = f"{100 * fm['accuracy']:.1f}, {fm['nll']:.3f} / {100 * fa['accuracy']:.1f}, {fa['nll']:.3f}"
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {fin} |")
+    return "\n".join(lines)
+
+
 def methods(quick: bool):
     local = dict(client_optimizer="adam", learning_rate=1e-3, batch_size=4, local_epochs=10)
     out = {"FedAvg": FedAvg(**local), "FedProx": FedProx(mu=0.1, **local), "FedDyn": FedDyn(alpha=0.1),
@@ -141,6 +218,8 @@ def report(res) -> str:
                 fin = (f"{100 * fm['accuracy']:.1f}, {fm['nll']:.3f} / {100 * fa['accuracy']:.1f}, "
                        f"{fa['nll']:.3f}")
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {fin} |")
+    if "fmnist_mlp" in res:
+        lines.append(fmnist_report(res["fmnist_mlp"]))
     return "\n".join(lines)
 
 
@@ -151,12 +230,33 @@ def main(argv=None):
     p.add_argument("--problems", default="credit,heart")
     p.add_argument("--methods", default=None, help="comma-separated subset of the methods")
     p.add_argument("--merge", action="store_true", help="update results/dual.json instead of replacing it")
+    p.add_argument("--part", default="logistic", choices=("logistic", "fmnist"),
+                   help="logistic: Credit and Heart; fmnist: the Fashion-MNIST MLP (merged into the results)")
+    p.add_argument("--rounds", type=int, default=None, help="fmnist rounds (default 50)")
+    p.add_argument("--local-epochs", type=float, default=2.0, help="fmnist local epochs")
     args = p.parse_args(argv)
     root = find_data_root(args.data)
     if root is None:
         print("dual benchmark: data folder not found; nothing to do")
         return {}
     t0 = time.perf_counter()
+    if args.part == "fmnist":
+        only = args.methods.split(",") if args.methods else None
+        part = run_fmnist(root, args.rounds or max(FMNIST_ROUNDS), args.local_epochs, only)
+        res = json.loads((RESULTS / "dual.json").read_text()) if (RESULTS / "dual.json").exists() else {
+            "problems": {}}
+        old = res.get("fmnist_mlp", {"methods": {}})
+        if args.merge and old.get("rounds") == part["rounds"]:
+            old["methods"].update(part["methods"])
+            part["methods"] = old["methods"]
+        res["fmnist_mlp"] = part
+        res["seconds"] = res.get("seconds", 0.0) + time.perf_counter() - t0
+        text = report(res)
+        print(text)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "dual.json").write_text(json.dumps(res, indent=1, default=float))
+        (RESULTS / "dual.md").write_text("# Dual family benchmark\n" + text + "\n")
+        return res
     rounds = 2 if args.quick else max(ROUNDS)
     res = {"problems": {}, "rounds": rounds}
     probs = ["credit"] if args.quick else args.problems.split(",")
@@ -169,6 +269,7 @@ def main(argv=None):
         for prob, table in res["problems"].items():
             old["problems"].setdefault(prob, {}).update(table)
         old["seconds"] = old.get("seconds", 0.0) + time.perf_counter() - t0
+        old["rounds"] = rounds
         res = old
     res["seconds"] = time.perf_counter() - t0
     text = report(res)

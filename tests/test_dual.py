@@ -328,7 +328,7 @@ def test_bayes_admm_with_ivon_reaches_the_mean_field_posterior():
 @pytest.mark.slow
 def test_fedlap_func_exact_function_space_terms_and_its_fixed_point(x64):
     """Memory points = all of a client's rows make each function-space term the client's exact
-    quadratic likelihood around w_k: with rho = 1 the first server solve is the pooled MAP. Without
+    quadratic likelihood around w_k: with rho = tau = 1 the first server solve is the pooled MAP. Without
     memory points it is FedLap step for step; with 2 per client it converges to the pooled MAP
     (its fixed point: every function-space gradient vanishes at w_k = w_g)."""
     sigma = 3.0
@@ -338,7 +338,7 @@ def test_fedlap_func_exact_function_space_terms_and_its_fixed_point(x64):
     fed = fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
     model = linreg_model(PRIOR, sigma)
     w_map, _ = linreg_exact_posterior(Xs, ys, sigma, PRIOR)
-    got = run(FedLapFunc(memory_points=20, rho=1.0), model, fed, 1).posterior.form.mean()
+    got = run(FedLapFunc(memory_points=20, rho=1.0, tau=1.0), model, fed, 1).posterior.form.mean()
     np.testing.assert_allclose(np.asarray(got), w_map, atol=1e-6)
     for r in (1, 3):
         a, b = (run(x, model, fed, r).posterior.form.mean() for x in (FedLapFunc(memory_points=0), FedLap()))

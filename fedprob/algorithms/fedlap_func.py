@@ -45,6 +45,11 @@ at ``w_g`` (soft labels from the same weights), so the stationary point is
 FedLap's: the pooled MAP ``argmin sum_k l_k(w) + w' S w / 2 - b0' w``.
 With ``memory_points = 0`` this is FedLap (Eq. 9). Default damping
 ``rho_k = N_k / N`` as in the paper; prediction at ``w_g``.
+
+Default ``tau = 0.1`` (the paper sweeps 1, 0.1, 0.01 on Credit): with
+``tau = 1`` each of 2 memory points stands for 18-33 rows and the heterogeneous
+Credit split ran well for 30 rounds (83-85% accuracy) and then diverged
+(63% after 50, NLL 1.45); ``tau = 0.1`` stayed at 84.7% (NLL 0.384).
 """
 from __future__ import annotations
 
@@ -142,14 +147,14 @@ class FedLapFunc(Algorithm):
 
     delta: prior precision (None: the model's prior); rho: damping ("size":
     N_k/N, "clients": 1/K, or a number in (0, 1]); tau: weight of the
-    function-space terms (per memory point ``tau N_k / M_k``);
+    function-space terms (per memory point ``tau N_k / M_k``; default 0.1);
     memory_points: shared inputs per client; num_steps / server_steps:
     L-BFGS steps of the client and server problems.
     """
 
     delta: Optional[float] = None
     rho: Union[float, str] = "size"
-    tau: float = 1.0
+    tau: float = 0.1
     memory_points: int = 2
     num_steps: int = 200
     server_steps: int = 100
