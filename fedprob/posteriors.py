@@ -197,13 +197,21 @@ class GlobalPosterior:
     ``num_predictive_draws`` draws. ``log_predictive_density(X, y)`` is the
     exact log density of that same average (a mixture over draws), not of a
     Gaussian fitted to its mean and variance.
+
+    ``prediction`` sets what ``predict`` and ``log_predictive_density`` do by
+    default: ``"average"`` (the Bayesian model average above) or ``"mean"``
+    (the plug-in predictive at the mean of the flat parameter); both methods
+    also take it per call.
     """
 
     def __init__(self, potential, form, *, num_predictive_draws: int = 100, seed: int = 0,
-                 info: Optional[dict] = None):
+                 info: Optional[dict] = None, prediction: str = "average"):
+        if prediction not in ("average", "mean"):
+            raise ValueError(f"prediction must be 'average' or 'mean', got {prediction!r}")
         self.potential = potential
         self.form = form
         self.num_predictive_draws = num_predictive_draws
+        self.prediction = prediction
         self._key = jax.random.PRNGKey(seed)
         self.info = dict(info or {})
 
@@ -228,7 +236,12 @@ class GlobalPosterior:
         """dict site -> (n, ...) constrained draws."""
         return jax.vmap(self.potential.constrain)(self.flat_sample(key, n))
 
-    def _predictive_draws(self) -> Array:
+    def _predictive_draws(self, prediction: Optional[str] = None) -> Array:
+        prediction = self.prediction if prediction is None else prediction
+        if prediction not in ("average", "mean"):
+            raise ValueError(f"prediction must be 'average' or 'mean', got {prediction!r}")
+        if prediction == "mean":
+            return self.form.mean()[None]
         if isinstance(self.form, Samples):
             return self.form.draws.reshape(-1, self.form.draws.shape[-1])
         return self.form.sample(self._key, self.num_predictive_draws)
@@ -246,19 +259,22 @@ class GlobalPosterior:
                              "need finite inputs")
         return jnp.asarray(X)
 
-    def predict(self, X):
-        """Posterior predictive at X (class probabilities, or (mean, variance)); X is validated."""
-        return _average_predictions_jit(self.potential, self._predictive_draws(), self._check_inputs(X), 64)
+    def predict(self, X, prediction: Optional[str] = None):
+        """Posterior predictive at X (class probabilities, or (mean, variance)); X is validated.
 
-    def log_predictive_density(self, X, y) -> Array:
-        """(n,) log p(y_i | x_i, D): the log of the posterior predictive averaged over draws."""
+        ``prediction``: "average" (over draws) or "mean" (at the mean); default ``self.prediction``.
+        """
+        return _average_predictions_jit(self.potential, self._predictive_draws(prediction), self._check_inputs(X), 64)
+
+    def log_predictive_density(self, X, y, prediction: Optional[str] = None) -> Array:
+        """(n,) log p(y_i | x_i, D): the log of the posterior predictive averaged over draws (or at the mean)."""
         X = self._check_inputs(X)
         y = jnp.asarray(y)
         if y.shape[:1] != X.shape[:1]:
             raise ValueError(f"X has {X.shape[0]} rows and y {y.shape[0] if y.ndim else 0}")
         if self.potential.task != "regression":
             y = y.astype(jnp.int32)
-        return _mixture_log_density_jit(self.potential, self._predictive_draws(), X, y, 64)
+        return _mixture_log_density_jit(self.potential, self._predictive_draws(prediction), X, y, 64)
 
 
 def log_predictive_density(task: str, prediction, y) -> Array:

@@ -8,4 +8,5 @@ from .sghmc import SGHMC
 from .cyclical_sghmc import CyclicalSGHMC
 from .iasg import IASG
 from .svi import SVI
-from .ivon import IVON, IVONInputs, IVONState, bayes_admm_client_inputs, ivon_init, ivon_solve, ivon_step
+from .ivon import IVON, IVONInputs, IVONState, ivon_init, ivon_solve, ivon_step
+from .von import VON

@@ -27,9 +27,9 @@ functions, radius 1 in the :class:`IVON` backend).
 Pure functions: :func:`ivon_init`, :func:`ivon_hess_init` (``h0`` from the
 exact diagonal curvature), :func:`ivon_step`, :func:`ivon_run` /
 :func:`ivon_solve` (a ``lax.scan`` of steps with tail averages of ``m`` and
-``h``), :func:`ivon_gaussian`; :func:`bayes_admm_client_inputs`
-maps a BayesADMM client's duals and global posterior to :class:`IVONInputs`;
-:func:`local_target_inputs` maps a fedprob LocalTarget (see :class:`IVON`).
+``h``), :func:`ivon_gaussian`; :func:`local_target_inputs` maps a fedprob
+LocalTarget (see :class:`IVON`) to :class:`IVONInputs`: an aggregator puts
+its cavities, duals and tempering into the LocalTarget, never here.
 """
 from __future__ import annotations
 
@@ -236,22 +236,6 @@ def ivon_solve(key, grad_fn: Callable, inputs: IVONInputs, init, *, num_steps: i
                    beta1=beta1, beta2=beta2, hess_init=hess_init, mc_samples=mc_samples,
                    clip_radius=clip_radius, average_fraction=average_fraction)
     return out.average, out.losses
-
-
-def bayes_admm_client_inputs(num_data, rho, tau, v, u, global_mean, global_precision) -> IVONInputs:
-    """IVON inputs of a BayesADMM client (BayesADMM paper, App. D, Eq. 41).
-
-    The client problem ``E_q[l_k/tau + v_k' theta - theta'(u_k theta)/2] +
-    rho KL(q || N(m_g, diag(s_g)^-1))`` (``l_k`` the summed loss of the
-    client's ``N_k`` points) is Eq. 30 with the **mean** loss ``l_k / N_k``,
-    ``lambda = N_k / (rho tau)``, ``v = tau v_k / N_k``, ``u = tau u_k / N_k``
-    and prior ``q_g = N(m_g, diag(s_g)^-1)``.
-    """
-    num_data = jnp.asarray(num_data, jnp.result_type(float))
-    ess = num_data / (rho * tau)
-    v = jnp.asarray(v)
-    return IVONInputs(ess, tau * v / num_data, tau * jnp.asarray(u) / num_data,
-                      jnp.asarray(global_mean), jnp.asarray(global_precision))
 
 
 def local_target_inputs(potential, target, ess=None, batch_size: Optional[int] = None):
@@ -481,5 +465,5 @@ class IVON(ClientBackend):
 
 __all__ = ["IVON", "IVONInputs", "IVONState", "IVONInfo", "IVONRun", "ivon_init", "ivon_step",
            "ivon_solve", "ivon_run", "ivon_hess_init",
-           "ivon_gaussian", "ivon_precision", "ivon_delta", "bayes_admm_client_inputs",
+           "ivon_gaussian", "ivon_precision", "ivon_delta",
            "local_target_inputs", "cosine_schedule"]

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from conftest import linreg_exact_posterior, linreg_model, padded_correlated_client
 
-from fedprob.inference import IVON, bayes_admm_client_inputs, ivon_init, ivon_step
+from fedprob.algorithms.bayes_admm import bayes_admm_client_inputs
+from fedprob.inference import IVON, ivon_init, ivon_step
 from fedprob.inference.ivon import (IVONInputs, IVONState, ivon_gaussian, ivon_solve,
                                     local_target_inputs)
 from fedprob.potential import ClientData, Potential, make_target

@@ -9,3 +9,10 @@ from .ensemble import Ensemble
 from .one_shot_average import OneShotAverage
 from .one_round import ClientRuns, aggregate, run_clients
 from .fedpa import FedPA
+from .natural import NaturalLoop
+from .pvi import PVI, run_sequential
+from .fedlap import FedLap, FedLapCov
+from .bayes_admm import BayesADMM
+from .admm import ADMM
+from .feddyn import FedDyn
+from .fedlap_func import FedLapFunc

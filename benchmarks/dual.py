@@ -1,0 +1,300 @@
+"""The natural-parameter (dual) family on real data, side by side with the FedLap and BayesADMM papers.
+
+Logistic regression (FedLap paper, Table 1), accuracy after 10/20/25/50 rounds:
+
+* UCI Credit Approval, 10 heterogeneous clients as in PVI's split: 5 small
+  clients of 36 rows with about 6% positive labels and 5 large ones of 67
+  rows with about 66% (the fixed protocol's stratified 80/20 split, seed 0);
+* Fed-Heart-Disease, the 4 hospitals as clients (per-centre standardization).
+
+Methods: FedAvg, FedProx (Adam 1e-3, batch 4, 10 local epochs, as the
+paper's grid), FedDyn, FedLap, FedLap-Cov, BayesADMM (diagonal Laplace
+clients, rho = 1, gamma = 0.1; at the server mean and averaged over 32 draws of q_g),
+BayesADMM-IVON (the same with IVON clients: Alg. 1 as printed), FedLap-Func
+(2 memory points per client, tau = 1, rho = N_k/N), PVI (diagonal Laplace
+clients, damping 1/K). The
+natural-family methods and FedDyn solve their client problems with
+full-batch L-BFGS (the paper uses Adam on minibatches of 4). The prior is
+the model's N(0, I) (delta = 1, inside the papers' grids). The papers report
+the mean over 3 seeds of the accuracy averaged over the previous 3 rounds;
+here one seed, the accuracy at the round itself, and the NLL next to it.
+
+Fashion-MNIST (``--part fmnist``, BayesADMM paper, Table 1): MLP (200, 100)
+with sigmoid units and a N(0, 1) prior on 10% of the training rows (6,000)
+over 10 clients (sizes Dir(1), classes Dir(0.5)), test metrics on 2,000
+test rows every 5 rounds. Every local solve takes about ``--local-epochs``
+epochs of a 600-row client on minibatches of 32 (default 2: 38 steps; Adam
+1e-3 for FedAvg, FedDyn and FedLap-Cov, IVON steps for BayesADMM-IVON), far
+less local work than the paper's, so that rounds fit the shared CPU; FedLap-Cov is in the method list but its diagonal GGN over the
+178,000 parameters (a Jacobian per row) did not fit the time and was not
+run. BayesADMM-IVON with 38 IVON steps from the Hutchinson starting
+curvature learned slowly (10.9% after 1 and 2 rounds, mean client loss 3.3
+above the 2.3 of a uniform guess, 23.5% after 10; 9.7% after 2 rounds with
+``hess_init=1``): its curvature-scaled steps move the weights faster than
+38 steps can fit them. IVON at this scale needs the long runs and step-size settings of
+Shen et al. that the budget excluded.
+
+Usage::
+
+    python benchmarks/dual.py            # writes results/dual.{json,md}
+    python benchmarks/dual.py --quick    # CI size (Credit, 2 rounds, FedLapCov), writes nothing
+    python benchmarks/dual.py --part fmnist --rounds 10   # the MLP part, merged into the results
+
+Data: ``--data``, else ``$FEDPROB_DATA``, else ``../shared/data`` beside the
+checkout; without it the script prints a message and exits with status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import fedprob as fp
+from fedprob.algorithms import PVI, BayesADMM, FedAvg, FedDyn, FedLap, FedLapCov, FedLapFunc, FedProx
+from fedprob.inference import IVON
+from fedprob.metrics import classification_metrics
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROUNDS = (10, 20, 25, 50)
+
+#: FedLap paper Table 1 (accuracy %, mean over 3 seeds); BayesADMM paper Table 1 for FMNIST
+PAPER = {
+    "credit": {"FedAvg": {10: 77.0, 25: 76.3, 50: 78.6}, "FedProx": {10: 73.6, 25: 75.0, 50: 79.3},
+               "FedDyn": {10: 73.5, 25: 79.9, 50: 83.5}, "FedLap": {10: 77.1, 25: 80.7, 50: 83.5},
+               "FedLapCov": {10: 80.4, 25: 84.2, 50: 85.2}, "FedLapFunc": {10: 77.1, 25: 83.6, 50: 85.8}},
+    "heart": {"FedAvg": {10: 72.6, 20: 77.6}, "FedProx": {10: 77.5, 20: 77.7}, "FedDyn": {10: 76.9, 20: 78.1},
+              "FedLap": {10: 77.5, 20: 77.7}, "FedLapCov": {10: 79.2, 20: 80.0}},
+    "fmnist_mlp": {"FedAvg": {10: 70.4, 25: 74.3, 50: 76.0}, "BayesADMM": {10: 77.0, 25: 81.5, 50: 82.3}},
+}
+
+
+def find_data_root(arg=None):
+    for cand in (arg, os.environ.get("FEDPROB_DATA"), Path(__file__).resolve().parents[2] / "shared" / "data"):
+        if cand and Path(cand).is_dir():
+            return Path(cand)
+    return None
+
+
+def credit_split(root, seed: int = 0):
+    """PVI's heterogeneous Credit split: 5 clients of 36 rows (~6% positive), 5 of 67 (~66%)."""
+    ds = fp.data.load_credit_approval(root, seed=seed)
+    rng = np.random.default_rng(seed)
+    # "positive" is the minority class (approved, label 0: 45% of the rows, as in the paper's description)
+    pos, neg = [rng.permutation(np.flatnonzero(ds.y_train == c)).tolist() for c in (0, 1)]
+    clients = []
+    for n, n_pos in [(36, 2)] * 5 + [(67, 44)] * 5:
+        idx = [pos.pop() for _ in range(n_pos)] + [neg.pop() for _ in range(n - n_pos)]
+        clients.append((ds.X_train[idx], ds.y_train[idx]))
+    return fp.data.FederatedData.from_clients(clients, num_classes=2), (ds.X_test, ds.y_test)
+
+
+def heart_split(root):
+    ds = fp.data.load_heart_disease(root)
+    fed = fp.data.partition(ds.X_train, ds.y_train, scheme="groups", groups=ds.group_train, num_classes=2)
+    return fed, (ds.X_test, ds.y_test)
+
+
+#: the Fashion-MNIST MLP part (BayesADMM paper, Table 1: MLP (200, 100), 10% of FMNIST, 10 clients)
+FMNIST_ROUNDS = (10, 25, 50)
+
+
+def fmnist_split(root, seed: int = 0, fraction: float = 0.1, num_clients: int = 10, test_rows: int = 2000):
+    """10% of the Fashion-MNIST training rows over 10 clients, sizes ~ Dir(1) and classes ~ Dir(0.5)
+    per client; the first ``test_rows`` rows of a fixed permutation of the test set."""
+    ds = fp.data.load_fashion_mnist(root)
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(ds.y_train))[: int(fraction * len(ds.y_train))]
+    fed = fp.data.partition(ds.X_train[idx], ds.y_train[idx], num_clients, scheme="dirichlet", seed=seed,
+                            num_classes=10, alpha=0.5, alpha_size=1.0)
+    t = rng.permutation(len(ds.y_test))[:test_rows]
+    return fed, (ds.X_test[t], ds.y_test[t])
+
+
+def fmnist_methods(local_epochs: float):
+    """Adam 1e-3 on minibatches of 32 for every local solve (the paper's batch size), about
+    ``local_epochs`` passes over a client's rows (a 600-row client: 19 steps per epoch)."""
+    steps = int(round(local_epochs * 600 / 32))
+    adam = dict(optimizer="adam", learning_rate=1e-3, batch_size=32, num_steps=steps)
+    return {"FedAvg": FedAvg(client_optimizer="adam", learning_rate=1e-3, batch_size=32,
+                             local_epochs=local_epochs),
+            "FedDyn": FedDyn(alpha=0.1, **adam),
+            "FedLapCov": FedLapCov(**adam),
+            "BayesADMM-IVON": BayesADMM(client=IVON(num_steps=steps, batch_size=32, map_steps=0))}
+
+
+def run_fmnist(root, rounds: int, local_epochs: float, only=None, eval_every: int = 5):
+    fed, test = fmnist_split(root)
+    model = fp.models.bnn_mlp((200, 100), num_classes=10, activation="sigmoid", prior_scale=1.0)
+    out = {}
+    for name, algo in fmnist_methods(local_epochs).items():
+        if only and name not in only:
+            continue
+        t = time.perf_counter()
+        res = fp.run(algo, model, fed, rounds=rounds, eval_data=test, eval_every=eval_every, progress=False)
+        curve = {"rounds": [h["round"] for h in res.history if "accuracy" in h],
+                 "accuracy": [h["accuracy"] for h in res.history if "accuracy" in h],
+                 "nll": [h["nll"] for h in res.history if "accuracy" in h],
+                 "seconds": float(sum(h["time"] for h in res.history)), "compile_seconds": float(res.compile_time)}
+        post = res.posterior
+        if isinstance(post.form, fp.Gaussian):
+            for pred in ("mean", "average"):
+                curve[f"final_{pred}"] = classification_metrics(
+                    np.asarray(post.predict(test[0], prediction=pred)), test[1])
+        out[name] = curve
+        print(f"  fmnist {name}: acc@{rounds} {curve['accuracy'][-1]:.3f} ({time.perf_counter() - t:.0f} s)",
+              flush=True)
+    return {"rounds": rounds, "local_epochs": local_epochs, "test_rows": len(test[1]), "methods": out}
+
+
+def fmnist_report(part) -> str:
+    lines = [f"\n### fmnist_mlp: MLP (200, 100), sigmoid, 10% of Fashion-MNIST, 10 clients (sizes Dir(1), "
+             f"classes Dir(0.5)); {part['local_epochs']} local epochs on minibatches of 32; test accuracy % "
+             f"(NLL) on {part['test_rows']} test rows; paper's accuracy in brackets\n"]
+    rs = [r for r in FMNIST_ROUNDS if r <= part["rounds"]]
+    lines.append("| method | " + " | ".join(f"R={r}" for r in rs) + " | final at mean / averaged (acc, NLL) |")
+    lines.append("|---" * (len(rs) + 2) + "|")
+    for m, c in part["methods"].items():
+        cells = []
+        for r in rs:
+            paper = PAPER["fmnist_mlp"].get(m.replace("-IVON", ""), {}).get(r)
+            if r in c["rounds"]:
+                i = c["rounds"].index(r)
+                cells.append(f"{100 * c['accuracy'][i]:.1f} ({c['nll'][i]:.3f})"
+                             + (f" [{paper}]" if paper is not None else ""))
+            else:
+                cells.append("")
+        fin = ""
+        if "final_mean" in c:
+            fm, fa = c["final_mean"], c["final_average"]
+            fin = f"{100 * fm['accuracy']:.1f}, {fm['nll']:.3f} / {100 * fa['accuracy']:.1f}, {fa['nll']:.3f}"
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {fin} |")
+    return "\n".join(lines)
+
+
+def methods(quick: bool):
+    local = dict(client_optimizer="adam", learning_rate=1e-3, batch_size=4, local_epochs=10)
+    out = {"FedAvg": FedAvg(**local), "FedProx": FedProx(mu=0.1, **local), "FedDyn": FedDyn(alpha=0.1),
+           "FedLap": FedLap(), "FedLapCov": FedLapCov(), "FedLapFunc": FedLapFunc(), "BayesADMM": BayesADMM(),
+           "BayesADMM-IVON": BayesADMM(client=IVON()), "PVI": PVI(damping="clients")}
+    if quick:
+        out = {k: out[k] for k in ("FedLapCov",)}
+    return out
+
+
+def curves(algo, model, fed, test, rounds: int, seed: int = 0):
+    """Per-round accuracy/NLL at the posterior's default prediction and, for Gaussians, at the mean too."""
+    res = fp.run(algo, model, fed, rounds=rounds, seed=seed, eval_data=test, progress=False)
+    out = {"accuracy": res.metric("accuracy").tolist(), "nll": res.metric("nll").tolist(),
+           "ece": res.metric("ece").tolist(), "seconds": float(sum(h["time"] for h in res.history)),
+           "compile_seconds": float(res.compile_time)}
+    post = res.posterior
+    if isinstance(post.form, fp.Gaussian):
+        for pred in ("mean", "average"):
+            m = classification_metrics(np.asarray(post.predict(test[0], prediction=pred)), test[1])
+            out[f"final_{pred}"] = m
+    return out
+
+
+def run_problem(name, fed, test, rounds, quick, only=None):
+    model = fp.models.logistic_regression(prior_scale=1.0)
+    out = {}
+    for mname, algo in methods(quick).items():
+        if only and mname not in only:
+            continue
+        t = time.perf_counter()
+        out[mname] = curves(algo, model, fed, test, rounds)
+        print(f"  {name} {mname}: acc@{rounds} {out[mname]['accuracy'][-1]:.3f} ({time.perf_counter() - t:.0f} s)",
+              flush=True)
+    return out
+
+
+def report(res) -> str:
+    lines = []
+    for prob, table in res.get("problems", {}).items():
+        rounds = [r for r in ROUNDS if r <= len(next(iter(table.values()))["accuracy"])]
+        lines.append(f"\n### {prob}: test accuracy % (NLL) after R rounds; paper's accuracy in brackets\n")
+        lines.append("| method | " + " | ".join(f"R={r}" for r in rounds) + " | final at mean / averaged (acc, NLL) |")
+        lines.append("|---" * (len(rounds) + 2) + "|")
+        for m, c in table.items():
+            cells = []
+            for r in rounds:
+                p = PAPER.get(prob, {}).get(m, {}).get(r)
+                cells.append(f"{100 * c['accuracy'][r - 1]:.1f} ({c['nll'][r - 1]:.3f})"
+                             + (f" [{p}]" if p is not None else ""))
+            fin = ""
+            if "final_mean" in c:
+                fm, fa = c["final_mean"], c["final_average"]
+                fin = (f"{100 * fm['accuracy']:.1f}, {fm['nll']:.3f} / {100 * fa['accuracy']:.1f}, "
+                       f"{fa['nll']:.3f}")
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {fin} |")
+    if "fmnist_mlp" in res:
+        lines.append(fmnist_report(res["fmnist_mlp"]))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="CI size; writes no files")
+    p.add_argument("--data", default=None)
+    p.add_argument("--problems", default="credit,heart")
+    p.add_argument("--methods", default=None, help="comma-separated subset of the methods")
+    p.add_argument("--merge", action="store_true", help="update results/dual.json instead of replacing it")
+    p.add_argument("--part", default="logistic", choices=("logistic", "fmnist"),
+                   help="logistic: Credit and Heart; fmnist: the Fashion-MNIST MLP (merged into the results)")
+    p.add_argument("--rounds", type=int, default=None, help="fmnist rounds (default 50)")
+    p.add_argument("--local-epochs", type=float, default=2.0, help="fmnist local epochs")
+    args = p.parse_args(argv)
+    root = find_data_root(args.data)
+    if root is None:
+        print("dual benchmark: data folder not found; nothing to do")
+        return {}
+    t0 = time.perf_counter()
+    if args.part == "fmnist":
+        only = args.methods.split(",") if args.methods else None
+        part = run_fmnist(root, args.rounds or max(FMNIST_ROUNDS), args.local_epochs, only)
+        res = json.loads((RESULTS / "dual.json").read_text()) if (RESULTS / "dual.json").exists() else {
+            "problems": {}}
+        old = res.get("fmnist_mlp", {"methods": {}})
+        if args.merge and old.get("rounds") == part["rounds"]:
+            old["methods"].update(part["methods"])
+            part["methods"] = old["methods"]
+        res["fmnist_mlp"] = part
+        res["seconds"] = res.get("seconds", 0.0) + time.perf_counter() - t0
+        text = report(res)
+        print(text)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "dual.json").write_text(json.dumps(res, indent=1, default=float))
+        (RESULTS / "dual.md").write_text("# Dual family benchmark\n" + text + "\n")
+        return res
+    rounds = 2 if args.quick else max(ROUNDS)
+    res = {"problems": {}, "rounds": rounds}
+    probs = ["credit"] if args.quick else args.problems.split(",")
+    for prob in probs:
+        fed, test = credit_split(root) if prob == "credit" else heart_split(root)
+        only = args.methods.split(",") if args.methods else None
+        res["problems"][prob] = run_problem(prob, fed, test, rounds, args.quick, only)
+    if args.merge and (RESULTS / "dual.json").exists():
+        old = json.loads((RESULTS / "dual.json").read_text())
+        for prob, table in res["problems"].items():
+            old["problems"].setdefault(prob, {}).update(table)
+        old["seconds"] = old.get("seconds", 0.0) + time.perf_counter() - t0
+        old["rounds"] = rounds
+        res = old
+    res["seconds"] = time.perf_counter() - t0
+    text = report(res)
+    print(text)
+    print(f"total {res['seconds']:.0f} s")
+    if not args.quick:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "dual.json").write_text(json.dumps(res, indent=1, default=float))
+        (RESULTS / "dual.md").write_text("# Dual family benchmark\n" + text + "\n")
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

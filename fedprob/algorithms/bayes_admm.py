@@ -1,0 +1,125 @@
+"""BayesADMM (Tran et al., "Bayesian duality"): the natural loop with ``alpha = 1/(1 + rho K)``.
+
+Client (Eq. 7; Alg. 1 line 4 for diagonal Gaussians, tempered as App. D)::
+
+    q_k = argmin_q E_q[l_k / tau + v_k' theta - theta' U_k theta / 2] + rho KL(q || q_g)
+
+duals ``v_k += gamma (S_k m_k - S_g m_g)``, ``U_k += gamma (S_k - S_g)``
+(lines 5-6; the authors' code keeps the opposite sign and subtracts the
+duals at the server, which is the same algorithm); server (lines 9-11)::
+
+    S_g = (1 - alpha) mean_k S_k + alpha (S_0 + sum_k U_k)
+    S_g m_g = (1 - alpha) mean_k S_k m_k + alpha (S_0 m_0 + sum_k v_k)
+
+with ``alpha = 1 / (1 + rho K)``, started at the prior. The client problem
+is solved by the backend given: :class:`~fedprob.inference.IVON` (Alg. 2)
+or a Laplace/Newton solve (the delta approximation at the mode, with the
+diagonal GGN for ``covariance="diag"`` and the full GGN for ``"full"``,
+exact for quadratic losses, App. C.4), or, for ``covariance="full"``,
+:class:`~fedprob.inference.VON` (variational online Newton with a full
+precision, the paper's full-covariance solver). The default is the Laplace solve
+(deterministic, no Monte Carlo noise); ``client=IVON()`` is Alg. 1 as
+printed and works at the same defaults.
+
+Step sizes. With ``rho = 1`` the dual step defaults to ``gamma = 0.1``
+(the paper: "typically 0.1 works well"). ``gamma = rho = 1`` is unstable
+on heterogeneous clients, whatever the client solver: after the first
+round ``u_k = s_k - s_0`` is client k's curvature ``H_k`` and the server
+precision is ``s_g = s_0 + 2 sum_k H_k / (K + 1)`` (the mean over
+``lambda_k`` counts each site once, the dual sum with weight
+``alpha = 1 / (K + 1)``), so the next client problem's quadratic term
+``rho s_g - u_k`` is negative in the coordinates where one client holds
+more than ``2 / (K + 1)`` of the total curvature. A loss with linear tails
+(logistic regression) is then unbounded below along them: on the
+heterogeneous Credit split (K = 10) two IVON clients (three Laplace ones)
+had a negative quadratic term after round 1 and the server mean reached
+1e17 in round 2. With ``gamma = 0.1`` the dual moves by a tenth of that
+curvature per round, ``s_g - u_k`` stays above the prior precision, and
+IVON clients reach 86.3% accuracy (NLL 0.363) in 20 rounds (FedAvg: 84.7%,
+0.383). The IVON inputs are the paper's (:func:`bayes_admm_client_inputs`,
+checked against the Gaussian optimum in the IVON tests). On a linear
+regression the fixed point is the pooled mean-field optimum (exact mean,
+diagonal of the exact precision), which IVON clients reach in 40 rounds
+within their Monte Carlo noise (precision within 5%, mean within 0.03
+posterior sd over 10 seeds).
+
+Prop. 3.2: for quadratic losses, ``rho = gamma = 1/K`` and the server
+started at the prior, one round gives the exact posterior. The default is
+``rho = 1`` nonetheless: with ``rho = 1/K`` the client's quadratic term
+``rho S_g - U_k`` is negative wherever client k's curvature exceeds the
+average, and a loss that grows only linearly (logistic regression) is then
+unbounded below: the client solves (IVON or Laplace) diverged on a
+heterogeneous logistic regression, while ``rho = 1`` converged.
+
+:func:`bayes_admm_client_inputs` is the paper's own mapping of the client
+problem to IVON's objective (App. D, Eq. 41); the loop reaches the same
+objective through the LocalTarget (``likelihood_weight = 1/(rho tau)``, the
+duals and ``q_g`` in its Gaussian term), which IVON maps with
+:func:`fedprob.inference.ivon.local_target_inputs`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+import jax.numpy as jnp
+
+from ..inference.ivon import IVONInputs
+from ..inference.laplace import Laplace
+from .natural import Configured, NaturalLoop
+
+
+def bayes_admm_client_inputs(num_data, rho, tau, v, u, global_mean, global_precision) -> IVONInputs:
+    """IVON inputs of a BayesADMM client (BayesADMM paper, App. D, Eq. 41).
+
+    The client problem ``E_q[l_k/tau + v_k' theta - theta'(u_k theta)/2] +
+    rho KL(q || N(m_g, diag(s_g)^-1))`` (``l_k`` the summed loss of the
+    client's ``N_k`` points) is IVON's objective with the **mean** loss
+    ``l_k / N_k``, ``lambda = N_k / (rho tau)``, ``v = tau v_k / N_k``,
+    ``u = tau u_k / N_k`` and prior ``q_g = N(m_g, diag(s_g)^-1)``.
+    """
+    num_data = jnp.asarray(num_data, jnp.result_type(float))
+    ess = num_data / (rho * tau)
+    return IVONInputs(ess, tau * jnp.asarray(v) / num_data, tau * jnp.asarray(u) / num_data,
+                      jnp.asarray(global_mean), jnp.asarray(global_precision))
+
+
+@dataclasses.dataclass(frozen=True)
+class BayesADMM(Configured):
+    """BayesADMM (module docstring).
+
+    client: Gaussian backend (None: ``Laplace(hessian="diag_ggn")`` for diag,
+    ``Laplace(hessian="ggn")`` for full; ``IVON()`` is Alg. 1 as printed; ``VON()`` the
+    full-covariance variational solve); covariance: "diag" or "full"; rho: KL weight (1; 1/K gives Prop. 3.2);
+    gamma: dual step (0.1, the paper's
+    usual value; None = rho, as in Prop. 3.2); delta: prior precision (None = the model
+    prior's); tau: temperature of the client losses; prediction: "average"
+    over ``num_predictive_draws`` draws of q_g (default) or "mean".
+    """
+
+    client: Any = None
+    covariance: str = "diag"
+    rho: float = 1.0
+    gamma: Optional[float] = 0.1
+    delta: Optional[float] = None
+    tau: float = 1.0
+    prediction: str = "average"
+    num_predictive_draws: int = 32
+
+    def __post_init__(self):
+        if self.covariance not in ("diag", "full"):
+            raise ValueError(f"covariance must be 'diag' or 'full', got {self.covariance!r}")
+        self.loop()
+
+    def loop(self) -> NaturalLoop:
+        client = self.client
+        if client is None:
+            client = Laplace(hessian="diag_ggn" if self.covariance == "diag" else "ggn")
+        rho: Union[float, str] = self.rho
+        gamma: Union[float, str] = "rho" if self.gamma is None else self.gamma
+        return NaturalLoop(client=client, family=self.covariance, rho=rho, gamma=gamma, alpha="admm",
+                           delta=self.delta, tau=self.tau, prediction=self.prediction,
+                           num_predictive_draws=self.num_predictive_draws)
+
+
+__all__ = ["BayesADMM", "bayes_admm_client_inputs"]

@@ -1,0 +1,340 @@
+"""The natural-parameter (dual) loop: one exponential-family round for PVI, FedLap, BayesADMM and ADMM.
+
+Gaussian families ``q = N(m, S^-1)`` in natural parameters
+``lambda = (S m, S)`` (see :mod:`fedprob.gaussian`); ``<lambda_hat, T(theta)>
+= v' theta - theta' U theta / 2`` for a dual (site) ``lambda_hat = (v, U)``.
+Families: ``"isotropic"`` (precision fixed at the prior's, ``delta I`` for
+``p0 = N(0, I/delta)``; only the mean moves), ``"diag"`` and ``"full"``.
+
+One round (all signs as in the BayesADMM paper, Fig. 2b and Eqs. 7-9; the
+FedLap paper's PVI form, Eqs. 5-6, is the case ``rho = alpha = 1``):
+
+* client k solves (``l_k`` the **summed** negative log likelihood of its
+  rows, tempered by ``tau``)::
+
+      q_k = argmin_q  E_q[l_k / tau] + <lambda_hat_k, T(theta)> + rho KL(q || q_g)
+
+  Divided by rho this is ``-ELBO`` of the LocalTarget with
+  ``prior_weight = 0`` (the prior enters at the server),
+  ``likelihood_weight = 1 / (rho tau)`` and Gaussian term
+  ``(lambda_g - lambda_hat_k / rho)`` (a cavity when ``rho = 1``), so any
+  Gaussian client backend solves it without knowing the aggregator:
+  :class:`~fedprob.inference.Laplace` (delta approximation at the mode with
+  its curvature: FedLap-Cov), :class:`~fedprob.inference.IVON`
+  (variational, diagonal: BayesADMM Alg. 1) or a full-covariance backend.
+  The isotropic family only needs the mode (delta approximation, FedLap and
+  ADMM): ``lambda_k = (s m_k, s)``.
+* dual (site) update ``lambda_hat_k += gamma_k (lambda_k - lambda_g)``; the
+  client sends ``lambda_k`` and the increment.
+* server::
+
+      lambda_g = (1 - alpha) mean_k lambda_k + alpha (lambda_0 + sum_k lambda_hat_k)
+
+  The mean runs over the clients of the round; the sum over all K sites,
+  kept at the server as a running sum of the increments (absent clients'
+  sites are unchanged, and the aggregate stays a masked sum). ``alpha = 1``
+  is PVI, ``alpha = 1 / (1 + rho K)`` BayesADMM. A server precision that is
+  not positive definite is reported as a non-finite update, which the engine
+  rejects (the round then changes no state).
+
+The prior ``lambda_0`` is the model's: exact natural parameters for Normal
+priors (:func:`fedprob.gaussian.prior_gaussian`); any other prior site is
+replaced by a Gaussian moment-matched to prior draws (unconstrained space),
+with a warning. ``delta`` overrides the model prior with ``N(0, I/delta)``.
+The server starts at the prior (``lambda_g = lambda_0``), every site at 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Any, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import gaussian as gauss
+from ..inference.laplace import Laplace
+from ..inference.optim import minimize
+from ..posteriors import Gaussian, GlobalPosterior
+from ..potential import make_target
+from ..protocols import ClientBackend
+from .base import Algorithm, Context, masked_sum, stack_init
+
+Array = jax.Array
+
+FAMILIES = ("isotropic", "diag", "full")
+PREDICTIONS = ("average", "mean")
+
+
+class NaturalServer(NamedTuple):
+    """Server state: ``lam`` = lambda_g, ``site_sum`` = sum_k lambda_hat_k over all K clients,
+    ``prior`` = lambda_0, ``start`` = (d,) starting point of the next client solves."""
+
+    lam: Gaussian
+    site_sum: Gaussian
+    prior: Gaussian
+    start: Array
+
+
+def _check_positive(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, str) or not (float(value) > 0 and float(value) < float("inf")):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+#: model priors already computed, keyed on (potential, x64)
+_PRIORS: dict = {}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _log_prior_grads(potential, z):
+    return jax.vmap(jax.grad(potential.log_prior))(z)
+
+
+def _diag_model_prior(potential):
+    """``(Gaussian, exact)``: the model prior as a diagonal Gaussian, computed once per potential.
+
+    A coordinate whose log-prior gradient is exactly ``b - p z`` (``p > 0``)
+    at ``z = 0``, at ``z = 1`` and at 8 fixed points (entries ``N(0, 2^2)``,
+    drawn once by numpy) is an independent Normal prior with natural
+    parameters ``(b, p)``: the same check as
+    :func:`fedprob.gaussian.prior_gaussian`, as one compiled gradient
+    evaluation with no random-number program to compile. When some
+    coordinate fails, the whole prior comes from
+    :func:`~fedprob.gaussian.prior_gaussian` (moment-matched there).
+    """
+    cache_key = (potential, bool(jax.config.jax_enable_x64))
+    hit = _PRIORS.get(cache_key)
+    if hit is None:
+        d = potential.dim
+        pts = 2.0 * np.random.default_rng(0).normal(size=(8, d))
+        z = np.concatenate([np.zeros((1, d)), np.ones((1, d)), pts])
+        g = np.asarray(_log_prior_grads(potential, jnp.asarray(z, jnp.result_type(float))), np.float64)
+        b, p, g = g[0], g[0] - g[1], g[2:]
+        resid = np.abs(g - (b - p * pts))
+        tol = 1e-4 * (1.0 + np.abs(b) + np.abs(p * pts) + np.abs(g))
+        exact = bool(np.all((resid <= tol).all(0) & (p > 0) & np.isfinite(g).all(0)))
+        if exact:
+            hit = (b, p), True
+        else:
+            gg, _ = gauss.prior_gaussian(potential, jax.random.PRNGKey(0), diag=True)
+            hit = (np.asarray(gg.linear), np.asarray(gg.precision)), False
+        _PRIORS[cache_key] = hit
+    (b, p), exact = hit
+    dt = jnp.result_type(float)
+    return Gaussian(jnp.asarray(b, dt), jnp.asarray(p, dt)), exact
+
+
+def model_prior(potential, family: str, delta: Optional[float], name: str = "natural loop") -> Gaussian:
+    """lambda_0 in the family's form: ``N(0, I/delta)`` when ``delta`` is given, else the model prior.
+
+    Safe inside a traced function (evaluated at trace time, once per
+    potential). Non-Normal prior sites are moment-matched (a warning says so).
+    """
+    d = potential.dim
+    if delta is not None:
+        g = Gaussian(jnp.zeros((d,)), jnp.full((d,), float(delta)))
+    else:
+        with jax.ensure_compile_time_eval():
+            g, exact = _diag_model_prior(potential)
+        if not exact:
+            warnings.warn(
+                f"{name}: the model prior is not Gaussian in every unconstrained coordinate; those "
+                "coordinates use a Gaussian moment-matched to prior draws (pass delta=... for a "
+                "N(0, I/delta) prior instead)", RuntimeWarning, stacklevel=4)
+    return g.to_full() if family == "full" else g
+
+
+def _as_family(g: Gaussian, family: str) -> Gaussian:
+    if family == "full":
+        return g.to_full()
+    return g.to_diag()
+
+
+@dataclasses.dataclass(frozen=True)
+class NaturalLoop(Algorithm):
+    """The exponential-family dual loop (module docstring); the named algorithms configure it.
+
+    client: a Gaussian client backend (``None``: ``Laplace(hessian="diag_ggn")``
+        for "diag", ``Laplace(hessian="ggn")`` for "full"; for "isotropic" only
+        the mode is used, searched with the backend's optimizer settings).
+    family: "isotropic", "diag" or "full".
+    rho: weight of ``KL(q || q_g)`` in the client problem; a number, or
+        ``"clients"`` for ``1 / K``.
+    gamma: dual step; a number, ``"size"`` for ``N_k / N`` per client,
+        ``"clients"`` for ``1 / K``, or ``"rho"`` for rho's value.
+    alpha: server mix; a number in (0, 1], or ``"admm"`` for ``1 / (1 + rho K)``.
+    delta: prior precision override (``p0 = N(0, I/delta)``); None: the model prior.
+    tau: temperature of the client losses (``l_k / tau``).
+    prediction: what ``posterior().predict`` does by default: ``"average"``
+        (Bayesian model average over ``num_predictive_draws`` draws of q_g) or
+        ``"mean"`` (plug-in at the server mean).
+    init_strategy: the shared starting point of the first client solves.
+    """
+
+    client: Any = None
+    family: str = "diag"
+    rho: Union[float, str] = 1.0
+    gamma: Union[float, str] = 1.0
+    alpha: Union[float, str] = 1.0
+    delta: Optional[float] = None
+    tau: float = 1.0
+    prediction: str = "average"
+    num_predictive_draws: int = 32
+    init_strategy: str = "center"
+
+    default_rounds = 10
+
+    def __post_init__(self):
+        self._validate()
+
+    def _validate(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        if self.client is not None:
+            if not isinstance(self.client, ClientBackend):
+                raise TypeError(f"client must be a fedprob.inference backend, got {type(self.client).__name__}")
+            if getattr(self.client, "output", None) != "gaussian":
+                raise ValueError(f"client {type(self.client).__name__} returns {self.client.output}; the "
+                                 "natural loop needs a Gaussian backend (Laplace, IVON)")
+            if self.family == "isotropic" and not isinstance(self.client, Laplace):
+                raise ValueError("the isotropic family uses the delta approximation (the mode only): pass "
+                                 "client=None or a Laplace backend (its optimizer settings are used)")
+        if self.rho != "clients":
+            _check_positive("rho", self.rho)
+        if self.gamma not in ("size", "clients", "rho"):
+            _check_positive("gamma", self.gamma)
+        if self.alpha != "admm":
+            if isinstance(self.alpha, str) or not 0.0 < float(self.alpha) <= 1.0:
+                raise ValueError(f"alpha must lie in (0, 1] or be 'admm', got {self.alpha!r}")
+        _check_positive("delta", self.delta, allow_none=True)
+        _check_positive("tau", self.tau)
+        if self.prediction not in PREDICTIONS:
+            raise ValueError(f"prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
+        if int(self.num_predictive_draws) < 1:
+            raise ValueError(f"num_predictive_draws must be >= 1, got {self.num_predictive_draws}")
+
+    # -- configuration ---------------------------------------------------------------------
+    @property
+    def backend(self):
+        if self.client is not None:
+            return self.client
+        return Laplace(hessian="ggn" if self.family == "full" else "diag_ggn")
+
+    def rho_value(self, ctx: Context) -> float:
+        return 1.0 / ctx.num_clients if self.rho == "clients" else float(self.rho)
+
+    def alpha_value(self, ctx: Context) -> float:
+        if self.alpha == "admm":
+            return 1.0 / (1.0 + self.rho_value(ctx) * ctx.num_clients)
+        return float(self.alpha)
+
+    def gamma_value(self, ctx: Context, n):
+        dt = jnp.result_type(float)
+        if self.gamma == "size":
+            return jnp.asarray(n, dt) / float(ctx.num_rows)
+        if self.gamma == "clients":
+            return jnp.asarray(1.0 / ctx.num_clients, dt)
+        if self.gamma == "rho":
+            return jnp.asarray(self.rho_value(ctx), dt)
+        return jnp.asarray(float(self.gamma), dt)
+
+    # -- protocol ---------------------------------------------------------------------------
+    def init(self, ctx: Context, key, data):
+        prior = model_prior(ctx.potential, self.family, self.delta, type(self).__name__)
+        zero = Gaussian(jnp.zeros_like(prior.linear), jnp.zeros_like(prior.precision))
+        start = ctx.potential.init(key, self.init_strategy)
+        return NaturalServer(prior, zero, prior, start), stack_init(ctx.num_clients, zero)
+
+    def client_target(self, ctx: Context, lam_g: Gaussian, site: Gaussian, data):
+        """The LocalTarget whose ``-ELBO`` (times rho) is the client problem (module docstring)."""
+        rho = self.rho_value(ctx)
+        return make_target(data, ctx.dim, prior_weight=0.0, likelihood_weight=1.0 / (rho * float(self.tau)),
+                           linear=lam_g.linear - site.linear / rho,
+                           precision=lam_g.precision - site.precision / rho)
+
+    def solve_client(self, ctx: Context, server: NaturalServer, site: Gaussian, data, key):
+        """``(lambda_k, mode, diagnostics)`` of the client problem."""
+        target = self.client_target(ctx, server.lam, site, data)
+        backend = self.backend
+        if self.family == "isotropic":
+            res = minimize(ctx.potential, target, server.start, key=key, num_steps=backend.num_steps,
+                           optimizer=backend.optimizer, learning_rate=backend.learning_rate,
+                           batch_size=backend.batch_size)
+            s = server.lam.precision
+            return Gaussian(s * res.params, s), res.params, {"grad_norm": res.grad_norm}
+        res = backend.run(key, ctx.potential, target, server.start)
+        lam_k = _as_family(res.posterior, self.family)
+        diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
+        return lam_k, res.params, diag
+
+    def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key):
+        lam_k, mode, diag = self.solve_client(ctx, server_state, client_state, data, key)
+        g = self.gamma_value(ctx, data.n)
+        inc = Gaussian(g * (lam_k.linear - server_state.lam.linear),
+                       g * (lam_k.precision - server_state.lam.precision))
+        new_site = Gaussian(client_state.linear + inc.linear, client_state.precision + inc.precision)
+        return new_site, (lam_k, inc, mode), diag
+
+    def server_update(self, ctx: Context, server_state: NaturalServer, messages, weights, mask):
+        lam_k, inc, mode = messages
+        site_sum = server_state.site_sum
+        added = masked_sum(inc, mask)
+        site_sum = Gaussian(site_sum.linear + added.linear, site_sum.precision + added.precision)
+        pvi = Gaussian(server_state.prior.linear + site_sum.linear,
+                       server_state.prior.precision + site_sum.precision)
+        a = self.alpha_value(ctx)
+        count = jnp.maximum(jnp.sum(mask), 1).astype(pvi.linear.dtype)
+        if a < 1.0:
+            mean = jax.tree_util.tree_map(lambda x: x / count, masked_sum(lam_k, mask))
+            lam = Gaussian((1 - a) * mean.linear + a * pvi.linear, (1 - a) * mean.precision + a * pvi.precision)
+        else:
+            lam = pvi
+        if self.family == "full":
+            lam = Gaussian(lam.linear, 0.5 * (lam.precision + lam.precision.T))
+        # a non-positive-definite q_g is no distribution: report it as non-finite (the engine rejects it)
+        ok = gauss.is_valid(lam)
+        lam = jax.tree_util.tree_map(lambda x: jnp.where(ok, x, jnp.nan), lam)
+        start = self.next_start(server_state, lam, mode, mask, count)
+        return NaturalServer(lam, site_sum, server_state.prior, start)
+
+    def next_start(self, server_state, lam, mode, mask, count):
+        """Where the next round's client solves start: the new server mean."""
+        return lam.mean()
+
+    def posterior(self, ctx: Context, server_state: NaturalServer, client_states):
+        lam = server_state.lam
+        return GlobalPosterior(ctx.potential, Gaussian(lam.linear, lam.precision),
+                               num_predictive_draws=int(self.num_predictive_draws),
+                               prediction=self.prediction,
+                               info={"kind": f"{self.family} Gaussian", "algorithm": type(self).__name__})
+
+
+class Configured(Algorithm):
+    """Base of the named algorithms: a frozen dataclass of the method's own hyperparameters whose
+    :meth:`loop` returns the :class:`NaturalLoop` it is; every protocol method is the loop's."""
+
+    default_rounds = 10
+
+    def loop(self) -> NaturalLoop:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def init(self, ctx, key, data):
+        return self.loop().init(ctx, key, data)
+
+    def client_update(self, ctx, server_state, client_state, data, key):
+        return self.loop().client_update(ctx, server_state, client_state, data, key)
+
+    def server_update(self, ctx, server_state, messages, weights, mask):
+        return self.loop().server_update(ctx, server_state, messages, weights, mask)
+
+    def posterior(self, ctx, server_state, client_states):
+        post = self.loop().posterior(ctx, server_state, client_states)
+        post.info["algorithm"] = type(self).__name__
+        return post
+
+
+__all__ = ["NaturalLoop", "NaturalServer", "Configured", "model_prior", "FAMILIES"]
