@@ -119,6 +119,7 @@ def test_num_chains_validation():
         num_chains(I.HMC(num_chains=1.5))
 
 
+@pytest.mark.slow
 def test_fedpa_posterior_is_its_gaussian_at_the_server_point(problem):
     az = _az()
     fed, ev = problem

@@ -35,7 +35,8 @@ def test_demo_quick_prints_table(capsys):
             if line.startswith("| ") and not line.startswith("| method")}
     from fedprob.demo import demo_methods
     assert {name for name, _, _ in demo_methods(4, True)} <= set(rows)
-    header = [c.strip() for c in next(line for line in out.splitlines() if line.startswith("| method")).split("|")[2:-1]]
+    header = next(line for line in out.splitlines() if line.startswith("| method"))
+    header = [c.strip() for c in header.split("|")[2:-1]]
     assert float(rows["FedPA(IASG)"][header.index("accuracy")]) > 0.5
 
 
