@@ -4,7 +4,8 @@ Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
 
 * ``posterior``: the global posterior, every NumPyro site constrained, dims
   ``(chain, draw, *site dims)``. A Gaussian global posterior gives
-  ``num_chains`` chains of independent draws; an ensemble gives each client
+  ``num_chains`` chains of independent draws (for FedPA, of its diagonal
+  Gaussian approximation at the server point); an ensemble gives each client
   chain's draws (chain c of the global = chain c of every client,
   interleaved); other draw-based posteriors give their stored draws as one
   chain. A point estimate (FedAvg, OneShotAverage) is one draw labelled
@@ -90,8 +91,14 @@ def global_chains(result, num_draws: int, num_chains: int, seed: int):
         C = max(1, int(num_chains))
         S = max(1, int(num_draws) // C)
         z = np.asarray(post.form.sample(jax.random.PRNGKey(seed), C * S)).reshape(C, S, -1)
-        return kind, z, (f"{C} chains of independent draws from the Gaussian global posterior "
-                         "(natural parameters in the run directory)")
+        desc = (f"{C} chains of independent draws from the Gaussian global posterior "
+                "(natural parameters in the run directory)")
+        from .algorithms.fedpa import FedPA
+
+        if isinstance(result.algorithm, FedPA):
+            desc += ("; FedPA's Gaussian approximation: a diagonal Gaussian centred at the server point, its "
+                     "precision from the last round's client draws (not draws of a global sampler)")
+        return kind, z, desc
     if kind == "ensemble":
         ids, x = client_chains(result)            # (C, S, K, d) -> chain c interleaves every client's chain c
         C, S, K, d = x.shape

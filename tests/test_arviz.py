@@ -10,6 +10,9 @@ from fedprob.diagnostics import _az, group, group_names
 from conftest import linreg_exact_posterior, linreg_model
 
 SIGMA = 0.5
+# one model object for the module: equal potentials share their compiled client phases and to_arviz's
+# compiled per-draw likelihood (the Gaussian and the ensemble posteriors below have the same draw shapes)
+MODEL = linreg_model(sigma=SIGMA)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +28,7 @@ def problem():
 def nuts_result(problem):
     fed, ev = problem
     algo = A.Ensemble(client=I.NUTS(num_warmup=300, num_samples=500, num_chains=4))
-    return fp.run(algo, linreg_model(sigma=SIGMA), fed, eval_data=ev, progress=False)
+    return fp.run(algo, MODEL, fed, eval_data=ev, progress=False)
 
 
 def test_nuts_four_chains_per_client(problem, nuts_result):
@@ -67,7 +70,7 @@ def test_nuts_four_chains_per_client(problem, nuts_result):
 def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(problem):
     az = _az()
     fed, ev = problem
-    model = linreg_model(sigma=SIGMA)
+    model = MODEL
     fa = fp.run(A.FedAvg(local_epochs=1, learning_rate=0.5), model, fed, rounds=2, eval_data=ev, progress=False)
     idata = fa.to_arviz()
     post = group(idata, "posterior")
@@ -78,11 +81,11 @@ def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(proble
         warnings.simplefilter("ignore")
         assert np.isnan(np.asarray(az.ess(post)["w"])).all() or np.asarray(az.ess(post)["w"]).max() <= 1
     ep = fp.run(A.EPMCMC(client=I.Laplace()), model, fed, eval_data=ev, progress=False)
-    idata = ep.to_arviz(num_draws=2000, num_chains=4)
+    idata = ep.to_arviz(num_draws=4000, num_chains=4)
     post = group(idata, "posterior")
-    assert post["w"].shape == (4, 500, 2) and post.attrs["kind"] == "gaussian"
+    assert post["w"].shape == (4, 1000, 2) and post.attrs["kind"] == "gaussian"
     assert float(az.rhat(post)["w"].max()) < 1.01
-    assert float(az.ess(post)["w"].min()) > 1500                  # independent draws: ESS about 2000
+    assert float(az.ess(post)["w"].min()) > 3000                  # independent draws: ESS about 4000
     m, c = linreg_exact_posterior([fed.client(k)[0] for k in range(2)], [fed.client(k)[1] for k in range(2)],
                                   SIGMA, 1.0)
     w = np.asarray(post["w"]).reshape(-1, 2)
@@ -92,8 +95,7 @@ def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(proble
 
 def test_predictive_space_method_has_no_parameter_posterior(problem):
     fed, ev = problem
-    pb = fp.run(A.PredictiveBayes(client=I.Laplace()), linreg_model(sigma=SIGMA), fed, eval_data=ev,
-                progress=False)
+    pb = fp.run(A.PredictiveBayes(client=I.Laplace()), MODEL, fed, eval_data=ev, progress=False)
     idata = pb.to_arviz(num_draws=300)
     names = group_names(idata)
     assert "posterior" not in names and "log_likelihood" not in names
@@ -115,3 +117,22 @@ def test_num_chains_validation():
         num_chains(I.NUTS(num_chains=0))
     with pytest.raises(ValueError, match="positive integer"):
         num_chains(I.HMC(num_chains=1.5))
+
+
+@pytest.mark.slow
+def test_fedpa_posterior_is_its_gaussian_at_the_server_point(problem):
+    az = _az()
+    fed, ev = problem
+    pa = fp.run(A.FedPA(), MODEL, fed, rounds=3, eval_data=ev, progress=False)   # IASG clients, 2 burn-in rounds
+    idata = pa.to_arviz(num_draws=4000, num_chains=4)
+    post = group(idata, "posterior")
+    assert post["w"].shape == (4, 1000, 2) and idata.attrs["kind"] == "gaussian"
+    assert "FedPA" in post.attrs["description"] and "server point" in post.attrs["description"]
+    assert "client_posterior" not in group_names(idata)          # the server keeps no client draws
+    w = np.asarray(post["w"]).reshape(-1, 2)
+    centre = np.asarray(pa.server_state.params)
+    sd = np.sqrt(np.asarray(pa.posterior.form.variance()))
+    assert np.all(np.abs(w.mean(0) - centre) / sd < 0.1)         # 4000 independent draws: 4 MC sds is 0.06
+    assert np.all(np.abs(w.std(0) / sd - 1) < 0.06)
+    assert float(az.rhat(post)["w"].max()) < 1.01
+    assert group(idata, "sample_stats")["participated"].shape == (3, 2)

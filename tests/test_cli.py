@@ -30,6 +30,14 @@ def test_demo_quick_prints_table(capsys):
     assert cli.main(["demo", "--quick", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "| method |" in out and "FedAvg" in out and "PredictiveBayes" in out
+    # every method has its row; FedPA (IASG clients, two burn-in rounds) learns digits well above chance
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}
+    from fedprob.demo import demo_methods
+    assert {name for name, _, _ in demo_methods(4, True)} <= set(rows)
+    header = next(line for line in out.splitlines() if line.startswith("| method"))
+    header = [c.strip() for c in header.split("|")[2:-1]]
+    assert float(rows["FedPA(IASG)"][header.index("accuracy")]) > 0.5
 
 
 @pytest.mark.slow
