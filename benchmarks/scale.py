@@ -22,7 +22,8 @@
 3. Memory with and without ``client_chunk``: the compiled client phase's
    ``memory_analysis()`` (argument, output and temporary bytes: deterministic,
    from the compiler) and, in the full run, the peak resident set size
-   (``ru_maxrss``) of a fresh process running the same ``fp.run``.
+   (``VmHWM``, reset after imports and data) of a fresh process running the same
+   ``fp.run`` at 10,000 clients.
 4. Sampler step vs bare minibatch gradient and vs the floor "bare gradient +
    one N(0, I) draw over the flat vector" (what every noise-injecting sampler
    must do per step): SGLD, SGHMC, CyclicalSGHMC (fixed step sizes, ESS target
@@ -54,7 +55,6 @@ import json
 import math
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -109,6 +109,17 @@ class _TimedGrid:
 
     def __init__(self, grid, marks: list):
         self._grid, self._marks = grid, marks
+
+    def get_node_ids(self, wait_s: float = 120.0):
+        """The SuperNodes' ids, waiting (up to ``wait_s``) until some have registered: right after
+        start-up the simulation may list none yet."""
+        t0 = time.perf_counter()
+        ids = list(self._grid.get_node_ids())
+        while not ids and time.perf_counter() - t0 < wait_s:
+            time.sleep(0.05)
+            ids = list(self._grid.get_node_ids())
+        self._marks.append(("nodes", time.perf_counter()))
+        return ids
 
     def send_and_receive(self, *args, **kwargs):
         self._marks.append(("send", time.perf_counter()))
@@ -239,34 +250,41 @@ def phase_memory(algo, model, fed, chunk) -> dict:
 
 
 RSS_CODE = """
-import resource, sys
+import sys
 sys.path.insert(0, {here!r})
 import numpy as np
 import fedprob as fp
 from scale import synthetic_logistic, sgld_clients
 K, chunk, steps = {K}, {chunk}, {steps}
 fed = synthetic_logistic(K, 20)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-if chunk != -1:
-    fp.run(fp.algorithms.OneShotAverage(client=sgld_clients(steps)), fp.models.logistic_regression(), fed,
-           client_chunk=chunk, progress=False)
-print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+def status_kb(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
+before = status_kb("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:     # reset the peak (VmHWM) to the current RSS
+    f.write("5")
+fp.run(fp.algorithms.OneShotAverage(client=sgld_clients(steps)), fp.models.logistic_regression(), fed,
+       client_chunk=chunk, progress=False)
+print(before, status_kb("VmHWM"))
 """
 
 
 def peak_rss_mb(K: int, chunk, steps: int) -> tuple:
-    """(max RSS in MB before fp.run, after it) of a fresh process; ``chunk=-1``: no fp.run."""
+    """(RSS in MB before fp.run, peak RSS during it: compile and run) of a fresh process (Linux)."""
     code = RSS_CODE.format(here=str(Path(__file__).parent), K=K, chunk=chunk, steps=steps)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     before, after = map(int, out.stdout.split()[-2:])
-    return before / 1024, after / 1024        # ru_maxrss is in kB on Linux
+    return before / 1024, after / 1024        # kB
 
 
 def memory_table(algo, model, feds, cases, steps: int, rss: bool) -> list:
     rows = []
     for K, chunk in cases:
         row = {"clients": K, "client_chunk": chunk or "-"} | phase_memory(algo, model, feds[K], chunk)
-        if rss:
+        if rss and K == max(k for k, _ in cases):
             before, after = peak_rss_mb(K, chunk, steps)
             row |= {"rss_before_run_MB": before, "peak_rss_MB": after, "run_rss_MB": after - before}
         rows.append(row)
@@ -287,8 +305,46 @@ def samplers(n: int, steps: int, batch: int, scale: float) -> dict:
     }
 
 
+class _TimedPhase:
+    """A compiled client phase that logs (CPU seconds, wall seconds) of each call."""
+
+    def __init__(self, fn, log: list):
+        self.fn, self.log = fn, log
+
+    def __call__(self, *args):
+        c, w = time.process_time(), time.perf_counter()
+        out = jax.block_until_ready(self.fn(*args))
+        self.log.append((time.process_time() - c, time.perf_counter() - w))
+        return out
+
+
+def run_phase_timed(algo, model, fed) -> tuple:
+    """``fp.run(algo, model, fed)``; returns ((CPU s, wall s) of its client phase call, result)."""
+    log: list = []
+    orig = client_phase.compiled_phase
+
+    def timed(*args, **kwargs):
+        fn, dt = orig(*args, **kwargs)
+        return _TimedPhase(fn, log), dt
+
+    client_phase.compiled_phase = timed
+    try:
+        r = fp.run(algo, model, fed, progress=False)
+    finally:
+        client_phase.compiled_phase = orig
+    return log[-1], r
+
+
+def cpu_and_wall(fn):
+    c, w = time.process_time(), time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.process_time() - c, time.perf_counter() - w
+
+
 def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats: int, names,
                   scale: float = 1.0, direct: bool = True) -> list:
+    """Per-step CPU time (primary: robust to other work on a shared machine) and wall time of each
+    sampler through fp.run (and jitted on its own) against the bare gradient and the floor."""
     fed = fp.data.FederatedData.from_clients([(X, y)], num_classes=int(y.max()) + 1)
     pot = get_potential(model, fed)
     data = jax.tree_util.tree_map(lambda a: a[0], fed.client_data())
@@ -312,33 +368,39 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
     fns = {}
     for name, body in (("bare gradient", grad_only), ("gradient + noise", grad_and_noise)):
         f = scan_of(body)
-        fns[name] = lambda f=f: jax.block_until_ready(f(z0, target, key))
+        fns[name] = lambda f=f: (cpu_and_wall(lambda: f(z0, target, key)), None)
     backends = samplers(X.shape[0], steps, batch, scale)
     for name in names:
         algo = fp.algorithms.OneShotAverage(client=backends[name])
-
-        def run(algo=algo):
-            r = fp.run(algo, model, fed, progress=False)
-            return float(r.info["client_phase_s"]), r
-        fns[name] = run
+        fns[name] = lambda algo=algo: run_phase_timed(algo, model, fed)
         if direct:
             f = jax.jit(lambda k, t, z, b=backends[name]: b.run(k, pot, t, z).posterior.draws)
-            fns[name + " (direct)"] = lambda f=f: jax.block_until_ready(f(key, target, z0))
-    ts, last = interleaved_times(fns, repeats)
-    t_grad, t_noise = med(ts["bare gradient"]), med(ts["gradient + noise"])
-    b_grad, b_noise = min(ts["bare gradient"]), min(ts["gradient + noise"])
+            fns[name + " (direct)"] = lambda f=f: (cpu_and_wall(lambda: f(key, target, z0)), None)
+    last = {name: fn()[1] for name, fn in fns.items()}          # compile and warm up
+    cpu = {name: [] for name in fns}
+    wall = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            (c, w), out = fn()
+            cpu[name].append(c)
+            wall[name].append(w)
+            last[name] = out if out is not None else last[name]
+    g, fl = "bare gradient", "gradient + noise"
     rows = []
     for name in names:
-        t, b = med(ts[name]), min(ts[name])
+        t = med(cpu[name])
         row = {"model": model_name, "d": pot.dim, "batch": batch, "sampler": name, "steps": steps,
-               "step_us": 1e6 * t / steps, "bare_gradient_us": 1e6 * t_grad / steps,
-               "gradient_plus_noise_us": 1e6 * t_noise / steps, "over_gradient": t / t_grad,
-               "over_floor": t / t_noise, "over_floor_best": b / b_noise}
+               "step_cpu_us": 1e6 * t / steps, "bare_gradient_cpu_us": 1e6 * med(cpu[g]) / steps,
+               "floor_cpu_us": 1e6 * med(cpu[fl]) / steps,
+               "over_gradient": t / med(cpu[g]), "over_floor": t / med(cpu[fl]),
+               "over_floor_best": min(cpu[name]) / min(cpu[fl]),
+               "over_floor_wall": med(wall[name]) / med(wall[fl])}
         if direct:
-            td, bd = med(ts[name + " (direct)"]), min(ts[name + " (direct)"])
-            row |= {"direct_step_us": 1e6 * td / steps, "direct_over_gradient": td / t_grad,
-                    "direct_over_floor": td / t_noise, "direct_over_floor_best": bd / b_noise}
-        rows.append(row | {"floor_over_gradient": t_noise / t_grad,
+            d = name + " (direct)"
+            row |= {"direct_over_gradient": med(cpu[d]) / med(cpu[g]), "direct_over_floor": med(cpu[d]) / med(cpu[fl]),
+                    "direct_over_floor_best": min(cpu[d]) / min(cpu[fl]),
+                    "direct_over_floor_wall": med(wall[d]) / med(wall[fl])}
+        rows.append(row | {"floor_over_gradient": med(cpu[fl]) / med(cpu[g]),
                            "finite": bool(last[name].history[0].get("client_finite", 1.0) > 0)})
     return rows
 
@@ -413,8 +475,8 @@ def main(argv=None):
         step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 400, 3, ("SGLD",), direct=False)
     else:
         names = ("SGLD", "SGHMC", "CyclicalSGHMC")
-        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 2000, 9, names)
-        step_rows += sampler_steps("bnn_mlp(100)", mlp, X, y, 256, 500, 7, names, scale=0.1)
+        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 2000, 7, names)
+        step_rows += sampler_steps("bnn_mlp(100)", mlp, X, y, 256, 500, 5, names, scale=0.1)
     mark("steps")
 
     meta = {"backend": jax.default_backend(), "devices": str(jax.devices()), "cpu_count": os.cpu_count(),
@@ -430,9 +492,9 @@ def main(argv=None):
           fp.report.format_table(orch), ""]
     if flower_why:
         md += [flower_why, ""]
-    md += ["flower_startup_s: fp.run called to the first round's messages out (Ray, SuperNodes, server "
-           "init); flower_round1_s includes each Ray worker compiling the client update; flower_round_s: "
-           "median of the later rounds. local_*: per-round times of compiled rounds (before and after the "
+    md += ["flower_startup_s: fp.run called to the first round's messages out (server init, first "
+           "SuperNodes registered); flower_round1_s includes the Ray workers starting and compiling the client "
+           "update (they start lazily); flower_round_s: median of the later rounds. local_*: per-round times of compiled rounds (before and after the "
            "Flower run); local_startup_s: a first one-round fp.run, compile included.", "",
            "## 2. Time vs number of clients (OneShotAverage, SGLD clients, logistic regression d=11, "
            "20 rows per client)", "",
@@ -442,13 +504,15 @@ def main(argv=None):
            "## 3. Memory of the compiled client phase, with and without client_chunk", "",
            fp.report.format_table(memory), "",
            "argument/output/temp: the compiler's memory_analysis() of the client phase (deterministic). "
-           + ("peak_rss_MB: ru_maxrss of a fresh process running fp.run; rss_before_run_MB: the same "
-              "process after imports and data, before fp.run." if not quick else ""), "",
+           + ("peak_rss_MB: peak resident set (VmHWM, reset after imports and data) of a fresh process "
+              "running fp.run (compile included); rss_before_run_MB: its resident set before fp.run; "
+              "run_rss_MB: the difference." if not quick else ""), "",
            "## 4. Sampler step vs bare minibatch gradient and vs gradient + N(0, I) (one client, digits)", "",
            fp.report.format_table(step_rows), "",
-           "over_gradient / over_floor: sampler time per step (through fp.run, client phase, compile "
-           "excluded) over the bare gradient / gradient + one N(0, I) draw over the flat vector (medians; "
-           "_best: fastest repeats). direct_*: the backend's run jitted on its own (no engine: fp.run vmaps "
+           "over_gradient / over_floor: sampler CPU time per step (through fp.run: its compiled client "
+           "phase call, compile excluded) over the bare gradient / gradient + one N(0, I) draw over the flat "
+           "vector; process CPU time, medians of interleaved repeats (_best: fastest repeats; _wall: wall-time "
+           "medians, inflated by the other work on the machine). direct_*: the backend's run jitted on its own (no engine: fp.run vmaps "
            "the client phase over the one client). Targets: over_floor <= 1.15; over_gradient <= 1.3 where the gradient "
            "dominates (batch >= 256, MLP).", "",
            f"machine: {meta}"]
