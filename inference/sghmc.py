@@ -55,10 +55,14 @@ def momentum_step(state: SGHMCState, grad, step_size, friction) -> SGHMCState:
     return SGHMCState(state.position + v, v)
 
 
-def sghmc_step(key, state: SGHMCState, grad, step_size, friction, temperature=1.0) -> SGHMCState:
-    """``v <- (1 - alpha) v + eta g + sqrt(2 alpha eta T) xi``; ``w <- w + v``."""
+def sghmc_step(key, state: SGHMCState, grad, step_size, friction, temperature=1.0,
+               draw: bool = True) -> SGHMCState:
+    """``v <- (1 - alpha) v + eta g + sqrt(2 alpha eta T) xi``; ``w <- w + v``.
+
+    ``draw=False`` (with ``temperature=0``): ``xi`` is zeros instead of a draw, the same numbers
+    without the cost of the draw."""
     v0 = state.momentum
-    noise = jax.random.normal(key, v0.shape, v0.dtype)
+    noise = jax.random.normal(key, v0.shape, v0.dtype) if draw else jnp.zeros_like(v0)
     v = (1.0 - friction) * v0 + step_size * grad + jnp.sqrt(2.0 * friction * step_size * temperature) * noise
     return SGHMCState(state.position + v, v)
 
@@ -133,7 +137,13 @@ def sghmc_kernel(vg, friction, temperature):
     def kernel(k, s, eta, noisy=True):
         kg, kn = jax.random.split(k)
         lp, g = vg(s.position, kg)
-        s = sghmc_step(kn, s, g, eta, friction, temperature * noisy)
+        if isinstance(noisy, bool):
+            s = sghmc_step(kn, s, g, eta, friction, temperature * noisy)
+        else:
+            # noise-free steps (cyclical exploration) skip the N(0, I) draw; the update is the
+            # one of sghmc_step at temperature 0 (its noise term is exactly zero there)
+            s = jax.lax.cond(noisy, lambda: sghmc_step(kn, s, g, eta, friction, temperature),
+                             lambda: sghmc_step(kn, s, g, eta, friction, 0.0, draw=False))
         info = step_info(lp, g, s.position)
         info["kinetic"] = kinetic_temperature(s.momentum, eta, friction)
         return s, info
