@@ -1,7 +1,9 @@
 """``fedprob demo``: the embedded digits, 10 clients, a Dirichlet split, methods side by side.
 
 Point-estimate methods start at the centre of the prior (their default);
-FedPA runs its defaults (IASG clients, two FedAvg burn-in rounds);
+FedPA runs its defaults (IASG clients, two FedAvg burn-in rounds), PVI its
+defaults (diagonal Laplace sites, damping 1/K), BayesADMM the paper's IVON
+clients;
 PredictiveBayes uses its default tempered pooling, and the paper's plain
 product is computed from the same client draws as one more row, to show the
 difference in calibration (NLL, ECE) at about the same accuracy.
@@ -33,6 +35,8 @@ def demo_methods(rounds: int, quick: bool):
         ("FedProx(mu=0.1)", A.FedProx(mu=0.1, **local), rounds),
         ("FedAdam", A.FedAvg(server_optimizer="adam", server_learning_rate=0.1, **local), rounds),
         ("FedPA(IASG)", A.FedPA(), rounds),
+        ("PVI(Laplace, diag)", A.PVI(), rounds),
+        ("BayesADMM(IVON)", A.BayesADMM(client=I.IVON()), rounds),
         ("OneShotAverage(Laplace)", A.OneShotAverage(client=laplace), 1),
         ("EPMCMC(Laplace, diag)", A.EPMCMC(client=laplace, covariance="diag"), 1),
         ("Ensemble(cSGHMC)", A.Ensemble(client=sampler), 1),

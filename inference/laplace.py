@@ -307,7 +307,9 @@ class Laplace(ClientBackend):
         opt = minimize(potential, target, init, key=key, num_steps=self.num_steps,
                        optimizer=self.optimizer, learning_rate=self.learning_rate,
                        batch_size=self.batch_size)
-        m = opt.params
+        # a client whose objective is not finite at its answer has failed: say so with NaN
+        # (the engine then leaves it out and reports it) rather than a finite start point
+        m = jnp.where(jnp.isfinite(opt.loss), opt.params, jnp.nan)
         P, nclip = clip_precision(curvature(potential, target, m, self.hessian, self.chunk_size),
                                   self.min_precision)
         linear = P * m if P.ndim == 1 else P @ m

@@ -42,7 +42,7 @@ def partial_pvi():
     try:
         Xs, ys, fed = linreg_fed([2, 20, 40])
         model = linreg_model(PRIOR, SIGMA)
-        runs = {r: run(PVI(family="full"), model, fed, r, clients_per_round=2) for r in (1, 3)}
+        runs = {r: run(PVI(family="full", damping=1.0), model, fed, r, clients_per_round=2) for r in (1, 3)}
         yield Xs, ys, runs
     finally:
         jax.config.update("jax_enable_x64", False)
@@ -81,7 +81,7 @@ def test_pvi_and_bayes_admm_are_exact_after_one_round_admm_is_not(x64):
     model = linreg_model(PRIOR, SIGMA)
     mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
     prec = np.linalg.inv(cov)
-    for algo in (PVI(family="full"), BayesADMM(covariance="full", rho=1 / 4, gamma=1 / 4)):   # Prop. 3.2
+    for algo in (PVI(family="full", damping=1.0), BayesADMM(covariance="full", rho=1 / 4, gamma=1 / 4)):   # Prop. 3.2
         g = run(algo, model, fed, 1).posterior.form
         np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=1e-7)
         np.testing.assert_allclose(np.asarray(g.precision), prec, rtol=1e-6)
@@ -96,7 +96,7 @@ def test_pvi_is_exact_with_85_clients_of_1_to_100_rows(x64):
     sizes[:5] = [1, 1, 2, 2, 3]                       # fewer rows than the 3 parameters
     Xs, ys, fed = linreg_fed(sizes, seed=4)
     mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
-    g = run(PVI(family="full"), linreg_model(PRIOR, SIGMA), fed, 1).posterior.form
+    g = run(PVI(family="full", damping=1.0), linreg_model(PRIOR, SIGMA), fed, 1).posterior.form
     np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=1e-7)
     np.testing.assert_allclose(np.asarray(g.precision), np.linalg.inv(cov), rtol=1e-6)
 
@@ -105,7 +105,7 @@ def test_pvi_is_exact_with_85_clients_of_1_to_100_rows(x64):
 def test_sequential_pvi_is_exact_after_one_sweep(x64):
     Xs, ys, fed = linreg_fed([3, 10, 25])
     mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
-    res = run_sequential(PVI(family="full"), linreg_model(PRIOR, SIGMA), fed, sweeps=1)
+    res = run_sequential(PVI(family="full", damping=1.0), linreg_model(PRIOR, SIGMA), fed, sweeps=1)
     np.testing.assert_allclose(np.asarray(res.posterior.form.mean()), mean, atol=1e-7)
     assert res.history[0]["server_update_ok"] and not res.history[0]["excluded"]
 
@@ -274,7 +274,7 @@ def test_bad_configurations_fail_early():
 def test_posterior_predicts_at_the_mean_or_by_model_averaging(x64, logistic):
     fed, clients, _, _ = logistic
     model = fp.models.logistic_regression(prior_scale=PRIOR)
-    post = run(PVI(), model, fed, 2).posterior
+    post = run(PVI(damping=1.0), model, fed, 2).posterior
     X = np.asarray(clients[0][0][:, :D])
     m = np.asarray(post.form.mean())
     at_mean = 1 / (1 + np.exp(-(X @ m[:D] + m[D])))

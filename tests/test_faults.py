@@ -38,6 +38,11 @@ ITERATIVE = {
     "FedAvg": fp.algorithms.FedAvg(local_steps=3, batch_size=None, learning_rate=0.1),
     "FedProx": fp.algorithms.FedProx(local_steps=3, batch_size=None, learning_rate=0.1, mu=0.1),
     "FedPA": FEDPA,
+    "PVI": fp.algorithms.PVI(),
+    "BayesADMM": fp.algorithms.BayesADMM(),
+    "FedLap": fp.algorithms.FedLap(),
+    "ADMM": fp.algorithms.ADMM(),
+    "FedDyn": fp.algorithms.FedDyn(),
 }
 
 
@@ -83,6 +88,23 @@ def test_fedavg_with_dropout_converges_on_a_conjugate_problem():
     assert 200 <= dropped <= 280                              # about half of 6 x 80 (240 +- 2.5 sd)
     err = np.abs(np.asarray(r.server_state[0]) - mean) / np.sqrt(np.diag(cov))
     assert np.all(err < 0.5), err
+
+
+def test_pvi_with_dropout_reaches_the_conjugate_answer():
+    """Sites of dropped clients stay as they were; once every client has been aggregated with
+    damping 1 and exact (Laplace) solves, q_g is the exact posterior."""
+    cl = clients(K=6, n=20, seed=4)
+    fed = fp.data.FederatedData.from_clients(cl)
+    mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
+    algo = fp.algorithms.PVI(family="full", damping=1.0)
+    r = fp.run(algo, MODEL, fed, rounds=12, seed=0, progress=False, dropout_rate=0.3)
+    dropped = sum(len(h["dropped"]) for h in r.history)
+    assert 8 <= dropped <= 40                                 # about 0.3 x 72 = 22
+    seen = set().union(*[set(h["participants"]) - set(h["dropped"]) for h in r.history])
+    assert seen == set(range(6))
+    q = r.posterior.form
+    np.testing.assert_allclose(np.asarray(q.mean()), mean, atol=1e-3 * np.sqrt(np.diag(cov)).min() + 1e-4)
+    np.testing.assert_allclose(np.linalg.inv(np.asarray(q.precision)), cov, rtol=1e-3)
 
 
 @dataclasses.dataclass(frozen=True)

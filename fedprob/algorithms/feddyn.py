@@ -76,7 +76,7 @@ class FedDyn(Algorithm):
                              precision=jnp.full((ctx.dim,), 1.0, w_g.dtype) * n * (a + wd), dtype=w_g.dtype)
         res = minimize(ctx.potential, target, w_g, key=key, num_steps=int(self.num_steps),
                        optimizer=self.optimizer, learning_rate=self.learning_rate, batch_size=self.batch_size)
-        w_k = res.params
+        w_k = jnp.where(jnp.isfinite(res.loss), res.params, jnp.nan)   # failed solve: left out
         return g - a * (w_k - w_g), w_k, {"grad_norm": res.grad_norm}
 
     def server_update(self, ctx: Context, server_state: FedDynServer, messages, weights, mask):

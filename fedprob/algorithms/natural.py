@@ -265,7 +265,8 @@ class NaturalLoop(Algorithm):
                            optimizer=backend.optimizer, learning_rate=backend.learning_rate,
                            batch_size=backend.batch_size)
             s = server.lam.precision
-            return Gaussian(s * res.params, s), res.params, {"grad_norm": res.grad_norm}
+            mode = jnp.where(jnp.isfinite(res.loss), res.params, jnp.nan)   # failed solve: left out
+            return Gaussian(s * mode, s), mode, {"grad_norm": res.grad_norm}
         res = backend.run(key, ctx.potential, target, server.start)
         lam_k = _as_family(res.posterior, self.family)
         diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}

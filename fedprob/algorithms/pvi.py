@@ -36,14 +36,18 @@ class PVI(Configured):
 
     client: Gaussian backend (None: Laplace with a diagonal GGN for
     ``family="diag"``, the full GGN for "full"); damping: site step in
-    (0, 1] (a number, "size" for N_k/N, "clients" for 1/K); family:
+    (0, 1] (a number, "size" for N_k/N, "clients" for 1/K, the default:
+    synchronous undamped PVI overshoots when every client moves at once on a
+    non-conjugate model, e.g. 0.47 accuracy and NLL 14 after 20 rounds on the
+    digits demo against 0.93 / 0.38 at 1/K; ``damping=1.0`` is exact in one
+    round on conjugate models with exact client solves); family:
     "diag", "full" or "isotropic" (precision fixed at the prior's);
     delta: prior precision override (None: the model's prior);
     prediction: "average" (over draws of q_g) or "mean".
     """
 
     client: Any = None
-    damping: Union[float, str] = 1.0
+    damping: Union[float, str] = "clients"
     family: str = "diag"
     delta: Optional[float] = None
     prediction: str = "average"
