@@ -119,6 +119,8 @@ class CyclicalSGHMC(ClientBackend):
     noisy learning rate), ``burnin_restarts`` and ``sampling_restarts``
     (burn-in windows / sampling blocks rolled back after a NaN/inf, with the
     step halved from then on; adapted step only).
+    num_chains: independent chains per client (vmapped over chain keys by the
+    one-round methods; draws are stacked chain-major, so client R-hat is real).
     """
 
     step_size: Optional[float] = None
@@ -135,6 +137,7 @@ class CyclicalSGHMC(ClientBackend):
     num_burnin: int = 500
     target_ess: Optional[float] = None
     max_stretch: int = 10
+    num_chains: int = 1
 
     output = "samples"
 

@@ -96,6 +96,8 @@ class SGHMC(ClientBackend):
     ``eta max_i V_i / (2 alpha T)``, the worst coordinate's ratio of
     minibatch-noise to injected-noise variance per step) and
     ``kinetic_temperature`` (see the module docstring).
+    num_chains: independent chains per client (vmapped over chain keys by the
+    one-round methods; draws are stacked chain-major, so client R-hat is real).
     """
 
     step_size: Optional[float] = None
@@ -109,6 +111,7 @@ class SGHMC(ClientBackend):
     init_strategy: str = "prior"
     target_ess: Optional[float] = None
     max_stretch: int = 10
+    num_chains: int = 1
 
     output = "samples"
 

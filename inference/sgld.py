@@ -142,6 +142,8 @@ class SGLD(ClientBackend):
         autocorrelation estimate of the second half of burn-in. To raise a
         client's ESS raise ``num_samples`` and ``target_ess`` (and
         ``max_stretch``).
+    num_chains: independent chains per client (vmapped over chain keys by the
+        one-round methods; draws are stacked chain-major, so client R-hat is real).
 
     Minibatch noise inflates the variance: in coordinate ``i`` the gradient
     noise adds ``(eps/2)^2 G_i^2 V_i`` per step (``V_i`` the variance of the
@@ -174,6 +176,7 @@ class SGLD(ClientBackend):
     init_strategy: str = "prior"
     target_ess: Optional[float] = None
     max_stretch: int = 10
+    num_chains: int = 1
 
     output = "samples"
 
