@@ -68,8 +68,26 @@ def client_app(algorithm, ctx: Context, data, templates):
     return app
 
 
-def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, sink: dict):
-    """A ServerApp holding fedprob's states; the final ones go to ``sink``."""
+def _wait_for_nodes(grid, num_nodes: int, timeout: float) -> list:
+    """The registered node ids once ``num_nodes`` are there (or whatever is there at ``timeout``)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    nodes = sorted(grid.get_node_ids())
+    while len(nodes) < num_nodes and time.monotonic() < deadline:
+        time.sleep(0.2)
+        nodes = sorted(grid.get_node_ids())
+    if not nodes:
+        raise RuntimeError(f"no Flower SuperNode registered within {timeout:.0f} s")
+    return nodes
+
+
+def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, sink: dict,
+               num_nodes: int = 1, node_timeout: float = 300.0):
+    """A ServerApp holding fedprob's states; the final ones go to ``sink``.
+
+    It waits (up to ``node_timeout`` seconds) until ``num_nodes`` SuperNodes have
+    registered, so clients are spread over all of them; none at all is an error."""
     from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.serverapp import ServerApp
 
@@ -82,7 +100,7 @@ def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_partic
     def main(grid, context):
         k_init, k_rounds = jax.random.split(jax.random.PRNGKey(seed))
         server, clients = compiled_init(algorithm, ctx, data, k_init)(k_init, data)
-        nodes = sorted(grid.get_node_ids())
+        nodes = _wait_for_nodes(grid, num_nodes, node_timeout)
         history = []
         for r in range(rounds):
             k_sel, k_cl = jax.random.split(jax.random.fold_in(k_rounds, r))
@@ -139,7 +157,7 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     sink: dict = {}
     nodes = K if num_nodes is None else int(num_nodes)
     t0 = time.perf_counter()
-    run_simulation(server_app(algorithm, ctx, data, rounds, seed, M, sink),
+    run_simulation(server_app(algorithm, ctx, data, rounds, seed, M, sink, num_nodes=nodes),
                    client_app(algorithm, ctx, data, templates), num_supernodes=nodes,
                    backend_config=backend_config or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     wall = time.perf_counter() - t0
