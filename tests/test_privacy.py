@@ -91,3 +91,22 @@ def test_privacy_options_are_validated_and_unsupported_algorithms_refused():
     u, prec = fp.algorithms.FedPA().with_update(None, (jnp.ones(3), jnp.full(3, 7.0)), jnp.zeros(3))
     np.testing.assert_array_equal(np.asarray(prec), np.ones(3))
     np.testing.assert_array_equal(np.asarray(u), np.zeros(3))
+
+
+def test_pvi_site_increments_are_clipped_and_noised_and_bayes_admm_refused():
+    """PVI-type servers only sum site increments: every aggregated increment is clipped to norm C
+    (so the server's site sum moves by at most M' C per round, plus the noise); servers that also
+    average the client posteriors (BayesADMM) are refused."""
+    fed = make_fed()
+    algo = fp.algorithms.PVI(damping=1.0)
+    plain = fp.run(algo, MODEL, fed, rounds=1, progress=False)
+    C = 0.5
+    dp = fp.run(algo, MODEL, fed, rounds=1, progress=False,
+                privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=1e-3))
+    flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
+    assert np.linalg.norm(flat(dp.server_state.site_sum)) <= fed.num_clients * C * 1.01
+    assert np.linalg.norm(flat(plain.server_state.site_sum)) > 10 * fed.num_clients * C   # the bound binds
+    assert np.isfinite(dp.history[-1]["dp_epsilon"]) and dp.history[-1]["dp_delta"] == 1e-5
+    with pytest.raises(ValueError, match="averages the client posteriors"):
+        fp.run(fp.algorithms.BayesADMM(), MODEL, fed, rounds=1, progress=False,
+               privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=1.0))

@@ -302,6 +302,23 @@ class NaturalLoop(Algorithm):
         start = self.next_start(server_state, lam, mode, mask, count)
         return NaturalServer(lam, site_sum, server_state.prior, start)
 
+    # -- differential privacy (fedprob.privacy) ----------------------------------------------
+    def update_part(self, ctx: Context, message):
+        """The site increment ``gamma (lambda_k - lambda_g)`` (linear and precision parts): all a
+        server with ``alpha = 1`` (PVI and its configurations) needs from a client. Servers with
+        ``alpha < 1`` (BayesADMM, ADMM) also average the client posteriors themselves and are refused."""
+        a = self.alpha_value(ctx)
+        if a < 1.0:
+            raise ValueError(f"differential privacy needs a server that only sums site increments "
+                             f"(alpha = 1, e.g. PVI or FedLapCov); this configuration also averages the "
+                             f"client posteriors (alpha = {a:.3g})")
+        return message[1]
+
+    def with_update(self, ctx: Context, message, update):
+        """The message with the noised increment; the rest (unused when alpha = 1) zeroed, not sent."""
+        lam_k, _, mode = message
+        return jax.tree_util.tree_map(jnp.zeros_like, lam_k), update, jnp.zeros_like(mode)
+
     def next_start(self, server_state, lam, mode, mask, count):
         """Where the next round's client solves start: the new server mean."""
         return lam.mean()
@@ -331,6 +348,12 @@ class Configured(Algorithm):
 
     def server_update(self, ctx, server_state, messages, weights, mask):
         return self.loop().server_update(ctx, server_state, messages, weights, mask)
+
+    def update_part(self, ctx, message):
+        return self.loop().update_part(ctx, message)
+
+    def with_update(self, ctx, message, update):
+        return self.loop().with_update(ctx, message, update)
 
     def posterior(self, ctx, server_state, client_states):
         post = self.loop().posterior(ctx, server_state, client_states)
