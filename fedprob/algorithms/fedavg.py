@@ -61,7 +61,7 @@ class FedAvg(Algorithm):
             raise ValueError("give local_steps or local_epochs")
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size)
-        check_positive("learning_rate", self.learning_rate)
+        check_positive("learning_rate", self.learning_rate, allow_none=True)   # None: the optimizer's own (L-BFGS line search)
         check_positive("server_learning_rate", self.server_learning_rate)
         if self.server_momentum is not None:
             check_fraction("server_momentum", self.server_momentum, high_open=True)
