@@ -97,7 +97,12 @@ def privatize(algorithm, ctx, messages, mask, key, dp: GaussianDP):
     keys = jax.random.split(jax.random.fold_in(key, NOISE_TAG), M)
 
     def one(message, k):
-        upd = clip(algorithm.update_part(ctx, message), dp.clip_norm)
+        part = algorithm.update_part(ctx, message)
+        if part is None:
+            raise ValueError(f"{type(algorithm).__name__} names no update to clip in this configuration "
+                             "(its server also averages the client posteriors); differential privacy "
+                             "supports the PVI-type configurations (alpha = 1)")
+        upd = clip(part, dp.clip_norm)
         leaves, treedef = jax.tree_util.tree_flatten(upd)
         ks = jax.random.split(k, max(len(leaves), 1))
         noisy = [a + (std * jax.random.normal(kk, a.shape)).astype(a.dtype) for a, kk in zip(leaves, ks)]

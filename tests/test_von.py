@@ -11,23 +11,8 @@ from fedprob.inference import VON
 from fedprob.potential import make_target
 from fedprob.run import get_potential
 
-SIGMA, PRIOR = 0.5, 1.0
-
-
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
-def linreg_clients(sizes, seed=0, d=3):
-    rng = np.random.default_rng(seed)
-    corr = 0.6 * np.ones((d, d)) + 0.4 * np.eye(d)
-    Xs = [rng.normal(size=(n, d)) @ np.linalg.cholesky(corr).T + rng.normal(size=d) for n in sizes]
-    w = rng.normal(size=d) * 2
-    ys = [X @ w + SIGMA * rng.normal(size=n) for X, n in zip(Xs, sizes)]
-    return Xs, ys, fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
+from test_dual import PRIOR, SIGMA, x64  # noqa: F401  (x64 is a fixture)
+from test_dual import linreg_fed as linreg_clients
 
 
 @pytest.mark.slow

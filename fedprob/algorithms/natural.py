@@ -305,13 +305,12 @@ class NaturalLoop(Algorithm):
     # -- differential privacy (fedprob.privacy) ----------------------------------------------
     def update_part(self, ctx: Context, message):
         """The site increment ``gamma (lambda_k - lambda_g)`` (linear and precision parts): all a
-        server with ``alpha = 1`` (PVI and its configurations) needs from a client. Servers with
-        ``alpha < 1`` (BayesADMM, ADMM) also average the client posteriors themselves and are refused."""
-        a = self.alpha_value(ctx)
-        if a < 1.0:
-            raise ValueError(f"differential privacy needs a server that only sums site increments "
-                             f"(alpha = 1, e.g. PVI or FedLapCov); this configuration also averages the "
-                             f"client posteriors (alpha = {a:.3g})")
+        server with ``alpha = 1`` (PVI and its configurations) needs from a client. ``None`` when
+        ``alpha < 1`` (BayesADMM, ADMM): that server also averages the client posteriors, so there
+        is no single update to clip (differential privacy refuses it; the norm bound then covers
+        every leaf of the message)."""
+        if self.alpha_value(ctx) < 1.0:
+            return None
         return message[1]
 
     def with_update(self, ctx: Context, message, update):
