@@ -50,7 +50,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
+#: PredictiveBayes at its defaults on this federation is checked in the default run by
+#: test_predictive_bayes.test_default_is_calibrated_on_the_demo_setting (same run, NLL < 0.75)
+SLOW_CASES = {"PredictiveBayes"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n
+                                  for n in CASES])
 def test_default_algorithm_on_digits(name, digits):
     make, min_acc, max_nll = CASES[name]
     h = run_default(make(), digits)
