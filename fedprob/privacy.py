@@ -4,8 +4,9 @@
 round's messages before aggregation (DP-FedAvg, McMahan et al. 2018). For
 every participant the update part of its message (what the algorithm's
 :meth:`~fedprob.algorithms.base.Algorithm.update_part` names: FedAvg/FedProx
-their delta ``w - w_k``, FedPA its delta, PVI-type natural-parameter methods
-their site increment) is clipped to L2 norm at most
+their delta ``w - w_k``, FedPA its delta, the natural-parameter methods
+(PVI, FedLap, FedLap-Cov, BayesADMM, ADMM) their delta ``lambda_k - lambda_g``,
+of which every server term is a function) is clipped to L2 norm at most
 ``clip_norm`` C (jointly over its leaves) and Gaussian noise is added. The
 noise is split over the M' aggregated clients, each adding
 ``N(0, sigma^2 C^2 / M')`` to its own clipped update, so the SUM the server
@@ -72,8 +73,8 @@ def check_supported(algorithm) -> None:
     """ValueError unless ``algorithm`` names the update part of its messages."""
     if type(algorithm).update_part is _base_update_part():
         raise ValueError(f"{type(algorithm).__name__} does not name an update to clip; differential "
-                         "privacy supports FedAvg, FedProx, FedPA and the PVI-type natural-parameter methods "
-                         "(PVI, FedLap, FedLapCov)")
+                         "privacy supports FedAvg, FedProx, FedPA and the natural-parameter methods "
+                         "(PVI, FedLap, FedLapCov, BayesADMM, ADMM)")
 
 
 def _base_update_part():

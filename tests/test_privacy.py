@@ -93,20 +93,39 @@ def test_privacy_options_are_validated_and_unsupported_algorithms_refused():
     np.testing.assert_array_equal(np.asarray(u), np.zeros(3))
 
 
-def test_pvi_site_increments_are_clipped_and_noised_and_bayes_admm_refused():
-    """PVI-type servers only sum site increments: every aggregated increment is clipped to norm C
-    (so the server's site sum moves by at most M' C per round, plus the noise); servers that also
-    average the client posteriors (BayesADMM) are refused."""
+def test_natural_parameter_deltas_are_clipped_and_noised():
+    """Natural-parameter servers use only the deltas lambda_k - lambda_g: every aggregated delta is
+    clipped to norm C, so PVI's site sum moves by at most gamma M' C per round; BayesADMM (whose
+    server also averages the client posteriors) is private too, and with no noise and a bound that
+    never binds it is the plain run; gamma="size" needs private sizes at the server and is refused."""
     fed = make_fed()
+    K = fed.num_clients
+    flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
     algo = fp.algorithms.PVI(damping=1.0)
     plain = fp.run(algo, MODEL, fed, rounds=1, progress=False)
     C = 0.5
     dp = fp.run(algo, MODEL, fed, rounds=1, progress=False,
                 privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=1e-3))
-    flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
-    assert np.linalg.norm(flat(dp.server_state.site_sum)) <= fed.num_clients * C * 1.01
-    assert np.linalg.norm(flat(plain.server_state.site_sum)) > 10 * fed.num_clients * C   # the bound binds
+    assert np.linalg.norm(flat(dp.server_state.site_sum)) <= K * C * 1.01
+    assert np.linalg.norm(flat(plain.server_state.site_sum)) > 10 * K * C   # the bound binds
     assert np.isfinite(dp.history[-1]["dp_epsilon"]) and dp.history[-1]["dp_delta"] == 1e-5
-    with pytest.raises(ValueError, match="BayesADMM names no update to clip"):
-        fp.run(fp.algorithms.BayesADMM(), MODEL, fed, rounds=1, progress=False,
+
+    admm = fp.algorithms.BayesADMM()
+    ref = fp.run(admm, MODEL, fed, rounds=3, progress=False)
+    loose = fp.run(admm, MODEL, fed, rounds=3, progress=False,
+                   privacy=privacy.GaussianDP(clip_norm=1e12, noise_multiplier=0.0))
+    np.testing.assert_allclose(flat(loose.server_state.lam), flat(ref.server_state.lam), rtol=1e-5, atol=1e-6)
+    tight = fp.run(admm, MODEL, fed, rounds=1, progress=False,
+                   privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=0.0))
+    s0 = tight.history[0]
+    gamma, alpha = admm.gamma, 1.0 / (1.0 + admm.rho * K)
+    # site sum: at most gamma K C; the server moves from the prior by at most (1 - alpha) C + alpha gamma K C
+    assert np.linalg.norm(flat(tight.server_state.site_sum)) <= gamma * K * C * 1.001
+    prior = flat(tight.server_state.prior)
+    moved = np.linalg.norm(flat(tight.server_state.lam) - prior)
+    assert 0.5 * C * (1 - alpha) < moved <= ((1 - alpha) * C + alpha * gamma * K * C) * 1.001
+    assert np.linalg.norm(flat(ref.server_state.lam) - prior) > 10 * C
+    assert s0["dp_delta"] == 1e-5
+    with pytest.raises(ValueError, match="PVI names no update to clip"):
+        fp.run(fp.algorithms.PVI(damping="size"), MODEL, fed, rounds=1, progress=False,
                privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=1.0))

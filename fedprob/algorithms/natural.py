@@ -25,7 +25,12 @@ FedLap paper's PVI form, Eqs. 5-6, is the case ``rho = alpha = 1``):
   The isotropic family only needs the mode (delta approximation, FedLap and
   ADMM): ``lambda_k = (s m_k, s)``.
 * dual (site) update ``lambda_hat_k += gamma_k (lambda_k - lambda_g)``; the
-  client sends ``lambda_k`` and the increment.
+  client sends its natural-parameter delta ``Delta_k = lambda_k - lambda_g``
+  (and its mode, used by nothing but diagnostics). Everything the server
+  needs is a function of the deltas: the site increments ``gamma_k Delta_k``
+  and the round's mean ``mean_k lambda_k = lambda_g + mean_k Delta_k``. The
+  delta is the update that differential privacy clips and noises and the
+  norm bound screens, for every alpha.
 * server::
 
       lambda_g = (1 - alpha) mean_k lambda_k + alpha (lambda_0 + sum_k lambda_hat_k)
@@ -275,13 +280,16 @@ class NaturalLoop(Algorithm):
     def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key):
         lam_k, mode, diag = self.solve_client(ctx, server_state, client_state, data, key)
         g = self.gamma_value(ctx, data.n)
-        inc = Gaussian(g * (lam_k.linear - server_state.lam.linear),
-                       g * (lam_k.precision - server_state.lam.precision))
-        new_site = Gaussian(client_state.linear + inc.linear, client_state.precision + inc.precision)
-        return new_site, (lam_k, inc, mode), diag
+        delta = Gaussian(lam_k.linear - server_state.lam.linear, lam_k.precision - server_state.lam.precision)
+        new_site = Gaussian(client_state.linear + g * delta.linear, client_state.precision + g * delta.precision)
+        return new_site, (delta, mode), diag
 
     def server_update(self, ctx: Context, server_state: NaturalServer, messages, weights, mask):
-        lam_k, inc, mode = messages
+        """``weights`` are the clients' sizes ``N_k`` (used only by ``gamma="size"``)."""
+        delta, mode = messages
+        g = self.gamma_value(ctx, weights)
+        per_client = lambda x: jnp.reshape(g, jnp.shape(g) + (1,) * (x.ndim - jnp.ndim(g))) * x
+        inc = jax.tree_util.tree_map(per_client, delta)
         site_sum = server_state.site_sum
         added = masked_sum(inc, mask)
         site_sum = Gaussian(site_sum.linear + added.linear, site_sum.precision + added.precision)
@@ -290,7 +298,8 @@ class NaturalLoop(Algorithm):
         a = self.alpha_value(ctx)
         count = jnp.maximum(jnp.sum(mask), 1).astype(pvi.linear.dtype)
         if a < 1.0:
-            mean = jax.tree_util.tree_map(lambda x: x / count, masked_sum(lam_k, mask))
+            shift = jax.tree_util.tree_map(lambda x: x / count, masked_sum(delta, mask))
+            mean = Gaussian(server_state.lam.linear + shift.linear, server_state.lam.precision + shift.precision)
             lam = Gaussian((1 - a) * mean.linear + a * pvi.linear, (1 - a) * mean.precision + a * pvi.precision)
         else:
             lam = pvi
@@ -304,19 +313,17 @@ class NaturalLoop(Algorithm):
 
     # -- differential privacy (fedprob.privacy) ----------------------------------------------
     def update_part(self, ctx: Context, message):
-        """The site increment ``gamma (lambda_k - lambda_g)`` (linear and precision parts): all a
-        server with ``alpha = 1`` (PVI and its configurations) needs from a client. ``None`` when
-        ``alpha < 1`` (BayesADMM, ADMM): that server also averages the client posteriors, so there
-        is no single update to clip (differential privacy refuses it; the norm bound then covers
-        every leaf of the message)."""
-        if self.alpha_value(ctx) < 1.0:
+        """The natural-parameter delta ``lambda_k - lambda_g`` (linear and precision parts): every
+        server term is a function of it (module docstring). ``None`` for ``gamma="size"``, whose
+        dual step ``N_k / N`` needs the client's private size at the server (differential privacy
+        refuses that configuration; the norm bound then covers every leaf of the message)."""
+        if self.gamma == "size":
             return None
-        return message[1]
+        return message[0]
 
     def with_update(self, ctx: Context, message, update):
-        """The message with the noised increment; the rest (unused when alpha = 1) zeroed, not sent."""
-        lam_k, _, mode = message
-        return jax.tree_util.tree_map(jnp.zeros_like, lam_k), update, jnp.zeros_like(mode)
+        """The message with the noised delta; the mode (unused by the server) zeroed, not sent."""
+        return update, jnp.zeros_like(message[1])
 
     def next_start(self, server_state, lam, mode, mask, count):
         """Where the next round's client solves start: the new server mean."""
