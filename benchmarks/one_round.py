@@ -718,22 +718,10 @@ def settings_from(args) -> tuple:
         hets = [0.0, 0.7, 0.9]
         splits = ["iid", "feature_sort"]
     upd = {"seed": args.seed}
-    if args.epochs is not None:
-        upd["epochs"] = args.epochs
-    if args.train_rows is not None:
-        upd["train_rows"] = args.train_rows
-    if args.test_rows is not None:
-        upd["test_rows"] = args.test_rows
-    if args.temperature is not None:
-        upd["temperature_cls"] = args.temperature
-    if args.temperature_reg is not None:
-        upd["temperature_reg"] = args.temperature_reg
-    if args.step_rate is not None:
-        upd["step_rate_cls"] = args.step_rate
-    if args.step_rate_reg is not None:
-        upd["step_rate_reg"] = args.step_rate_reg
-    if args.cycles is not None:
-        upd["num_cycles"] = args.cycles
+    overrides = {"epochs": "epochs", "train_rows": "train_rows", "test_rows": "test_rows",
+                 "temperature": "temperature_cls", "temperature_reg": "temperature_reg",
+                 "step_rate": "step_rate_cls", "step_rate_reg": "step_rate_reg", "cycles": "num_cycles"}
+    upd.update({field: getattr(args, arg) for arg, field in overrides.items() if getattr(args, arg) is not None})
     if args.no_fedavg_one_round:
         upd["fedavg_one_round"] = False
     s = dataclasses.replace(s, **upd)
