@@ -143,18 +143,39 @@ def test_pvi_with_laplace_clients_falls_back_to_discard_and_reaches_the_conjugat
     np.testing.assert_allclose(np.linalg.inv(np.asarray(q.precision)), cov, rtol=1e-3)
 
 
-@pytest.mark.slow
+FEDPA = fp.algorithms.FedPA(
+    client=fp.inference.IASG(step_size=0.05, num_burnin=5, steps_per_sample=2, num_samples=3, batch_size=None),
+    burn_in_rounds=1)
+
+
 def test_fedpa_falls_back_to_discard():
-    algo = fp.algorithms.FedPA(
-        client=fp.inference.IASG(step_size=0.05, num_burnin=5, steps_per_sample=2, num_samples=3, batch_size=None),
-        burn_in_rounds=1)
-    opts = dict(rounds=3, seed=1, progress=False, straggler_rate=0.4)
-    t = fp.run(algo, MODEL, FED, **opts)
-    d = fp.run(algo, MODEL, FED, straggler_policy="discard", **opts)
+    """Sampler clients have no partial result: FedPA's stragglers are discarded, the run stays finite."""
+    t = fp.run(FEDPA, MODEL, FED, rounds=3, seed=1, progress=False, straggler_rate=0.4)
     assert any(h["stragglers"] for h in t.history)
     assert all(s == 0 for h in t.history for s in h["straggler_steps"])
-    np.testing.assert_array_equal(np.asarray(t.server_state.params), np.asarray(d.server_state.params))
+    assert all(h["server_update_ok"] for h in t.history)
     assert np.all(np.isfinite(np.asarray(t.server_state.params)))
+
+
+@pytest.mark.slow
+def test_fedpa_fallback_is_the_discard_policy():
+    opts = dict(rounds=3, seed=1, progress=False, straggler_rate=0.4)
+    t = fp.run(FEDPA, MODEL, FED, **opts)
+    d = fp.run(FEDPA, MODEL, FED, straggler_policy="discard", **opts)
+    np.testing.assert_array_equal(np.asarray(t.server_state.params), np.asarray(d.server_state.params))
+    assert [h["stragglers"] for h in t.history] == [h["stragglers"] for h in d.history]
+
+
+def test_truncated_ivon_clients_send_the_gaussian_they_reached():
+    """Small default-run version of the convergence test below: PVI with IVON clients whose
+    stragglers stop early (some inside the mode search, some inside the IVON steps)."""
+    algo = fp.algorithms.PVI(family="diag", damping=1.0, client=fp.inference.IVON(num_steps=40, map_steps=10))
+    r = fp.run(algo, MODEL, FED, rounds=3, seed=0, progress=False, straggler_rate=0.6)
+    steps = [s for h in r.history for s in h["straggler_steps"]]
+    assert any(0 < s <= 10 for s in steps) and any(10 < s < 50 for s in steps)
+    assert all(h["server_update_ok"] and not h["excluded"] for h in r.history)
+    prec = np.asarray(r.posterior.form.precision)
+    assert np.all(np.isfinite(np.asarray(r.posterior.form.mean()))) and np.all(prec > 0)
 
 
 @pytest.mark.slow
