@@ -42,11 +42,11 @@ finite is always quarantined. Every quarantined client is recorded in the
 round's history with its reason (see :func:`fault_records`).
 
 Randomness: dropout and the straggler draw come from ``fold_in(key,
-FAULT_TAG)`` as they always did; the completed fractions from ``fold_in(key,
-WORK_TAG)`` and only under truncation, so runs without stragglers (or with
-``"discard"``) draw exactly the keys they drew before. Without truncation the
-client update is traced without any step budget (the compiled round is the
-same program as without stragglers' work model).
+FAULT_TAG)``, the completed fractions from ``fold_in(key, WORK_TAG)`` and
+only under truncation, so the work model touches no other random stream (the
+discard policy draws exactly the keys of a run without completed fractions).
+Without truncation no step budget is traced: the client update is the same
+program as in a run without stragglers.
 """
 from __future__ import annotations
 

@@ -48,6 +48,9 @@ class Result:
     per-participant arrays (``participants``, ``included`` and every backend
     diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
     info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``,
+    ``straggler_policy`` (with stragglers: ``"truncate"``, ``"discard"`` or
+    ``"discard (no partial result)"``, the fallback of algorithms without
+    local steps),
     ``client_phase_compile_s`` / ``client_phase_s`` (one-round methods: the
     client phase runs as its own compiled call, shared between methods with
     the same backend and shapes; see :mod:`fedprob.engine.client_phase`);
@@ -124,6 +127,16 @@ def _check_labels(y, num_classes, what):
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"{what}: labels out of range [{int(y.min())}, {int(y.max())}] for a model "
                          f"with {num_classes} classes")
+
+
+def _straggler_policy(algorithm, ctx, data, faults) -> str:
+    """The policy applied to stragglers: ``"truncate"``, ``"discard"``, or ``"discard (no partial
+    result)"`` when truncation was asked of an algorithm whose clients have no local steps."""
+    if faults.straggler_policy == "discard":
+        return "discard"
+    one = jax.tree_util.tree_map(lambda a: a[0], data)
+    steps = jax.eval_shape(lambda d: algorithm.local_step_count(ctx, d), one)
+    return "truncate" if steps is not None else "discard (no partial result)"
 
 
 def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] = None, seed: int = 0,
@@ -240,6 +253,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
                                                         round_data, k_rounds, mesh, faults, privacy)
     info["compile_round_s"] = compile_time
+    if faults.straggler_rate > 0:
+        info["straggler_policy"] = _straggler_policy(round_algo, ctx, round_data, faults)
     compile_time += info.get("client_phase_compile_s", 0.0)
     client_diag = []    # per-round client diagnostics of this process's rounds (not checkpointed)
     bar = None

@@ -69,6 +69,7 @@ def test_truncated_fedavg_straggler_is_a_client_with_fewer_steps(truncated):
     """A straggler that completed s of S steps contributes exactly the update of s local steps."""
     steps = [s for h in truncated.history for s in h["straggler_steps"]]
     assert sum(0 < s < S for s in steps) >= 2 and all(0 <= s < S for s in steps)
+    assert truncated.info["straggler_policy"] == "truncate"
     # float32 run against float64 numpy: equal to float32 rounding
     np.testing.assert_allclose(np.asarray(truncated.server_state[0]), fedavg_by_hand(truncated.history, True),
                                rtol=2e-6, atol=1e-6)
@@ -83,6 +84,7 @@ def test_discard_policy_leaves_stragglers_out_with_the_same_draws(truncated, dis
     assert [h["stragglers"] for h in discarded.history] == [h["stragglers"] for h in truncated.history]
     assert [h["dropped"] for h in discarded.history] == [h["dropped"] for h in truncated.history]
     assert all(s == 0 for h in discarded.history for s in h["straggler_steps"])
+    assert discarded.info["straggler_policy"] == "discard"
     np.testing.assert_allclose(np.asarray(discarded.server_state[0]), fedavg_by_hand(discarded.history, False),
                                rtol=2e-6, atol=1e-6)
     assert not np.allclose(np.asarray(discarded.server_state[0]), np.asarray(truncated.server_state[0]))
@@ -136,6 +138,7 @@ def test_pvi_with_laplace_clients_falls_back_to_discard_and_reaches_the_conjugat
     r = fp.run(algo, MODEL, fed, rounds=8, seed=0, progress=False, straggler_rate=0.3)
     late = [s for h in r.history for s in h["straggler_steps"]]
     assert late and all(s == 0 for s in late)
+    assert r.info["straggler_policy"] == "discard (no partial result)"
     seen = set().union(*[set(h["participants"]) - set(h["stragglers"]) for h in r.history])
     assert seen == set(range(5))
     q = r.posterior.form
@@ -153,6 +156,7 @@ def test_fedpa_falls_back_to_discard():
     t = fp.run(FEDPA, MODEL, FED, rounds=3, seed=1, progress=False, straggler_rate=0.4)
     assert any(h["stragglers"] for h in t.history)
     assert all(s == 0 for h in t.history for s in h["straggler_steps"])
+    assert t.info["straggler_policy"] == "discard (no partial result)"
     assert all(h["server_update_ok"] for h in t.history)
     assert np.all(np.isfinite(np.asarray(t.server_state.params)))
 
@@ -174,6 +178,7 @@ def test_truncated_ivon_clients_send_the_gaussian_they_reached():
     steps = [s for h in r.history for s in h["straggler_steps"]]
     assert any(0 < s <= 10 for s in steps) and any(10 < s < 50 for s in steps)
     assert all(h["server_update_ok"] and not h["excluded"] for h in r.history)
+    assert r.info["straggler_policy"] == "truncate"
     prec = np.asarray(r.posterior.form.precision)
     assert np.all(np.isfinite(np.asarray(r.posterior.form.mean()))) and np.all(prec > 0)
 
