@@ -29,8 +29,9 @@ participants (shapes never change, so nothing recompiles):
   Which algorithms truncate: FedAvg/FedProx (optimiser steps of
   :func:`~fedprob.algorithms.local_training.train_locally`), FedDyn (steps of
   its local solve) and the natural loop (PVI, BayesADMM, ...) with an
-  iterative Gaussian backend (:class:`~fedprob.inference.IVON`: its
-  ``map_steps + num_steps`` steps).
+  iterative Gaussian backend (:class:`~fedprob.inference.IVON`,
+  :class:`~fedprob.inference.VON`: their ``map_steps + num_steps`` steps;
+  SVI clients fall back to discard).
 * ``max_update_norm``: a reporting client whose update has L2 norm above
   the bound is quarantined (weight 0 that round, state unchanged). The update
   is what :meth:`~fedprob.algorithms.base.Algorithm.update_part` names

@@ -165,7 +165,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     deadline, ``f ~ Uniform[straggler_min_fraction, 1)``; straggler_policy
     ``"truncate"`` (default) aggregates that partial update where the
     algorithm has local steps (FedAvg/FedProx, FedDyn, the natural loop with
-    IVON clients) and discards it otherwise (nothing completed, exact
+    IVON or VON clients) and discards it otherwise (nothing completed, exact
     Laplace solves, sampler and one-round clients); ``"discard"`` always
     discards a straggler's message.
     privacy: a :class:`fedprob.privacy.GaussianDP` (client clipping and

@@ -39,7 +39,7 @@ FedLap paper's PVI form, Eqs. 5-6, is the case ``rho = alpha = 1``):
 
 A straggler truncated at a deadline (:mod:`fedprob.faults`) solves its
 client problem with the steps it completed when the backend has a partial
-result (IVON: ``local_step_count``), and its ``lambda_k`` and site increment
+result (IVON, VON: ``local_step_count``), and its ``lambda_k`` and site increment
 are those of the state reached; with Laplace clients and the isotropic family
 (exact solves) its message is discarded.
 
