@@ -30,6 +30,14 @@ vmapped over chain keys; chain 0 starts at ``init``, the others at
 recovers the chains; scalar diagnostics are summed (``num_*``), and-ed
 (``finite``) or averaged over chains; ``params`` is chain 0's.
 
+Stopping early (stragglers truncated at a deadline, :mod:`fedprob.faults`):
+a backend whose run has a meaningful partial result sets
+``local_step_count`` to the number of steps of one run and accepts
+``run(key, potential, target, init, max_steps=b)`` with a traced
+``b <= local_step_count``: the fixed-length scans leave the state unchanged
+at steps ``t >= b``. ``None`` (default) means no partial result (e.g. a
+Laplace approximation needs the mode).
+
 Conventions: step sizes act on the gradient of the **log posterior**
 (a sum over the client's points); temperature T multiplies the variance of
 injected noise (T = 1 is the Bayesian posterior); ``batch_size=None`` is the
@@ -61,6 +69,8 @@ class ClientBackend:
     #: the ``Potential.init`` strategy of the chain's or optimiser's start when the caller gives
     #: none: samplers draw from the prior, optimiser-started backends start at the prior centre
     init_strategy: str = "prior"
+    #: steps of one run that ``run(..., max_steps=b)`` can stop after; None: no partial result
+    local_step_count = None
 
     def run(self, key, potential, target, init) -> ClientResult:  # pragma: no cover - abstract
         raise NotImplementedError

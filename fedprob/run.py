@@ -35,7 +35,9 @@ class Result:
     posterior: the :class:`~fedprob.posteriors.GlobalPosterior`.
     history: one dict per round: ``round``, ``time`` (seconds, compile
     excluded), ``participants``, ``dropped`` / ``stragglers`` (simulated
-    faults), ``excluded`` (reporting clients quarantined: update not finite
+    faults), ``straggler_steps`` (one per straggler: the local steps it
+    completed and sent; 0 when its message was discarded), ``excluded``
+    (reporting clients quarantined: update not finite
     or over ``max_update_norm``) with ``faults`` (``{"client", "reason"}``
     each), ``server_update_ok``, client diagnostics (means over the
     aggregated clients, prefixed ``client_``), eval metrics, and under
@@ -46,6 +48,9 @@ class Result:
     per-participant arrays (``participants``, ``included`` and every backend
     diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
     info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``,
+    ``straggler_policy`` (with stragglers: ``"truncate"``, ``"discard"`` or
+    ``"discard (no partial result)"``, the fallback of algorithms without
+    local steps),
     ``client_phase_compile_s`` / ``client_phase_s`` (one-round methods: the
     client phase runs as its own compiled call, shared between methods with
     the same backend and shapes; see :mod:`fedprob.engine.client_phase`);
@@ -124,13 +129,24 @@ def _check_labels(y, num_classes, what):
                          f"with {num_classes} classes")
 
 
+def _straggler_policy(algorithm, ctx, data, faults) -> str:
+    """The policy applied to stragglers: ``"truncate"``, ``"discard"``, or ``"discard (no partial
+    result)"`` when truncation was asked of an algorithm whose clients have no local steps."""
+    if faults.straggler_policy == "discard":
+        return "discard"
+    one = jax.tree_util.tree_map(lambda a: a[0], data)
+    steps = jax.eval_shape(lambda d: algorithm.local_step_count(ctx, d), one)
+    return "truncate" if steps is not None else "discard (no partial result)"
+
+
 def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] = None, seed: int = 0,
         eval_data=None, clients_per_round: Optional[int] = None, progress: bool = True,
         client_chunk: Optional[int] = None, eval_every: int = 1,
         model_kwargs: Optional[dict] = None, checkpoint_dir: Optional[str] = None,
         max_update_norm: Optional[float] = None, dropout_rate: float = 0.0,
         straggler_rate: float = 0.0, privacy=None, engine: str = "local", devices=None,
-        num_nodes: Optional[int] = None) -> Result:
+        num_nodes: Optional[int] = None, straggler_policy: str = "truncate",
+        straggler_min_fraction: float = 0.0) -> Result:
     """Run ``algorithm`` on ``fed`` with the NumPyro ``model``.
 
     rounds: communication rounds (default ``algorithm.default_rounds``: 1 for
@@ -145,6 +161,13 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     and directory resumes from the newest checkpoint and gives exactly the
     uninterrupted result. max_update_norm / dropout_rate / straggler_rate:
     quarantine and simulated faults (:mod:`fedprob.faults`; off by default).
+    A straggler completes ``floor(f * S_k)`` of its ``S_k`` local steps by the
+    deadline, ``f ~ Uniform[straggler_min_fraction, 1)``; straggler_policy
+    ``"truncate"`` (default) aggregates that partial update where the
+    algorithm has local steps (FedAvg/FedProx, FedDyn, the natural loop with
+    IVON or VON clients) and discards it otherwise (nothing completed, exact
+    Laplace solves, sampler and one-round clients); ``"discard"`` always
+    discards a straggler's message.
     privacy: a :class:`fedprob.privacy.GaussianDP` (client clipping and
     Gaussian noise, (epsilon, delta) in the history).
 
@@ -159,7 +182,9 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         given = [name for name, v in (("checkpoint_dir", checkpoint_dir), ("max_update_norm", max_update_norm),
                                       ("privacy", privacy), ("devices", devices), ("client_chunk", client_chunk),
                                       ("dropout_rate", dropout_rate or None),
-                                      ("straggler_rate", straggler_rate or None)) if v is not None]
+                                      ("straggler_rate", straggler_rate or None),
+                                      ("straggler_min_fraction", straggler_min_fraction or None))
+                 if v is not None]
         if given:
             raise ValueError(f"engine='flower' does not support {', '.join(given)}; use engine='local'")
 
@@ -178,7 +203,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     M = K if clients_per_round is None else int(clients_per_round)
     if not 1 <= M <= K:
         raise ValueError(f"clients_per_round must be in [1, {K}], got {clients_per_round}")
-    faults = Faults(dropout_rate, straggler_rate, max_update_norm)
+    faults = Faults(dropout_rate, straggler_rate, max_update_norm, straggler_policy, straggler_min_fraction)
     if privacy is not None:
         from . import privacy as privacy_mod
 
@@ -228,6 +253,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
                                                         round_data, k_rounds, mesh, faults, privacy)
     info["compile_round_s"] = compile_time
+    if faults.straggler_rate > 0:
+        info["straggler_policy"] = _straggler_policy(round_algo, ctx, round_data, faults)
     compile_time += info.get("client_phase_compile_s", 0.0)
     client_diag = []    # per-round client diagnostics of this process's rounds (not checkpointed)
     bar = None
@@ -249,7 +276,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         scr = rinfo.screen
         entry = {"round": r + 1, "time": dt, "participants": participants.tolist(),
                  **fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
-                                 np.asarray(scr.finite), np.asarray(scr.norm), max_update_norm),
+                                 np.asarray(scr.finite), np.asarray(scr.norm), max_update_norm,
+                                 None if scr.steps is None else np.asarray(scr.steps)),
                  "server_update_ok": bool(rinfo.server_finite)}
         if privacy is not None:
             entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, M / K, r + 1,

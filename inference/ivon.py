@@ -180,8 +180,13 @@ class IVONRun(NamedTuple):
 def ivon_run(key, grad_fn: Callable, inputs: IVONInputs, init, *, num_steps: int,
              learning_rate: Union[float, Callable] = 0.1, beta1: float = 0.9,
              beta2: float = 0.99999, hess_init: float = 1.0, mc_samples: int = 1,
-             clip_radius: float = math.inf, average_fraction: float = 0.0) -> IVONRun:
+             clip_radius: float = math.inf, average_fraction: float = 0.0, max_steps=None) -> IVONRun:
     """``num_steps`` IVON steps under ``lax.scan``, with tail averages; see :class:`IVONRun`.
+
+    ``max_steps`` (optional, traced int): steps ``t >= max_steps`` leave the
+    state unchanged (a run stopped early); the tail averages and windows
+    still run over the same step indices, so they hold the stopped state in
+    place of the steps it did not take.
 
     ``init`` is a starting mean (d,) or an :class:`IVONState` (warm start:
     its ``h`` and momentum are kept, ``hess_init`` is ignored).
@@ -202,8 +207,12 @@ def ivon_run(key, grad_fn: Callable, inputs: IVONInputs, init, *, num_steps: int
     def body(carry, xs):
         state, sum_m, sum_h, win = carry
         t, k = xs
-        state, info = ivon_step(k, state, grad_fn, inputs, lr(t), beta1=beta1, beta2=beta2,
-                                mc_samples=mc_samples, clip_radius=clip_radius)
+        new, info = ivon_step(k, state, grad_fn, inputs, lr(t), beta1=beta1, beta2=beta2,
+                              mc_samples=mc_samples, clip_radius=clip_radius)
+        if max_steps is None:
+            state = new
+        else:
+            state = jax.tree_util.tree_map(lambda a, b: jnp.where(t < max_steps, a, b), new, state)
         in_avg = (t >= start_avg).astype(dtype)
         in_win = jnp.stack([(t >= win_a) & (t < win_b), t >= win_b]).astype(dtype)
         carry = (state, sum_m + in_avg * state.mean, sum_h + in_avg * state.hess,
@@ -414,8 +423,14 @@ class IVON(ClientBackend):
         """
         return self.solve_run(key, grad_fn, inputs, init)[:2]
 
-    def solve_run(self, key, grad_fn: Callable, inputs: IVONInputs, init):
-        """As :meth:`solve`; returns ``(state, losses, run)`` with ``run`` the :class:`IVONRun`."""
+    @property
+    def local_step_count(self) -> int:
+        """Steps of one :meth:`run`: the mode search's ``map_steps`` then ``num_steps`` IVON steps."""
+        return int(self.map_steps) + int(self.num_steps)
+
+    def solve_run(self, key, grad_fn: Callable, inputs: IVONInputs, init, max_steps=None):
+        """As :meth:`solve`; returns ``(state, losses, run)`` with ``run`` the :class:`IVONRun`.
+        ``max_steps``: IVON steps taken before the run stops (:func:`ivon_run`)."""
         k_h, k_run = jax.random.split(key)
         if not isinstance(init, IVONState):
             init = jnp.asarray(init)
@@ -425,10 +440,11 @@ class IVON(ClientBackend):
         out = ivon_run(k_run, grad_fn, inputs, init, num_steps=int(self.num_steps),
                        learning_rate=self._learning_rate(), beta1=self.beta1,
                        beta2=self.resolved_beta2, mc_samples=int(self.mc_samples),
-                       clip_radius=self.clip_radius, average_fraction=self.average_fraction)
+                       clip_radius=self.clip_radius, average_fraction=self.average_fraction,
+                       max_steps=max_steps)
         return out.average, out.losses, out
 
-    def start_mean(self, key, potential, target, inputs: IVONInputs, init) -> Array:
+    def start_mean(self, key, potential, target, inputs: IVONInputs, init, max_steps=None) -> Array:
         """The mode of ``pi_lambda`` after ``map_steps`` optimiser steps from ``init``.
 
         ``pi_lambda`` is the target with its likelihood tempered by ``lambda / n``:
@@ -439,18 +455,28 @@ class IVON(ClientBackend):
         n = jnp.maximum(jnp.asarray(target.data.n, init.dtype), 1.0)
         tempered = target._replace(likelihood_weight=target.likelihood_weight * inputs.ess / n)
         return minimize(potential, tempered, init, key=key, num_steps=int(self.map_steps),
-                        batch_size=self.batch_size).params
+                        batch_size=self.batch_size, max_steps=max_steps).params
 
-    def run(self, key, potential, target, init) -> ClientResult:
-        """Fit ``N(m, diag(S)^-1)`` to ``target`` from mean ``init``; see the class docstring."""
+    def run(self, key, potential, target, init, max_steps=None) -> ClientResult:
+        """Fit ``N(m, diag(S)^-1)`` to ``target`` from mean ``init``; see the class docstring.
+
+        ``max_steps`` (optional, traced int <= :attr:`local_step_count`): the run
+        stops after that many steps, counted over the mode search then the IVON
+        steps; the result is the state reached (``num_steps_run``: IVON steps taken).
+        """
         dim = potential.dim
         init = jnp.asarray(init)
         if init.shape != (dim,):
             raise ValueError(f"init must have shape ({dim},), got {init.shape}")
         grad_fn, inputs = local_target_inputs(potential, target, self.ess, self.batch_size)
         k_start, k_run = jax.random.split(key)
-        mean0 = self.start_mean(k_start, potential, target, inputs, init)
-        state, losses, out = self.solve_run(k_run, grad_fn, inputs, mean0)
+        ivon_steps = None
+        if max_steps is None:
+            mean0 = self.start_mean(k_start, potential, target, inputs, init)
+        else:
+            mean0 = self.start_mean(k_start, potential, target, inputs, init, max_steps=max_steps)
+            ivon_steps = jnp.clip(max_steps - int(self.map_steps), 0, int(self.num_steps))
+        state, losses, out = self.solve_run(k_run, grad_fn, inputs, mean0, max_steps=ivon_steps)
         post = ivon_gaussian(state, inputs)
         tail = max(1, int(self.num_steps) // 10)
         ok = finite_flag(post, state.mean, losses[-tail:])
@@ -458,7 +484,8 @@ class IVON(ClientBackend):
         mean_drift = jnp.max(jnp.abs(out.window_means[1] - out.window_means[0]) / sd)
         diagnostics = {"loss": jnp.mean(losses[-tail:]), "mean_drift": mean_drift,
                        "converged": (mean_drift < 0.1) & ok,
-                       "num_steps_run": jnp.asarray(int(self.num_steps), jnp.int32),
+                       "num_steps_run": jnp.asarray(int(self.num_steps) if ivon_steps is None else ivon_steps,
+                                                    jnp.int32),
                        "nonfinite": ~ok}
         return ClientResult(post, state.mean, diagnostics)
 

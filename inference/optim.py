@@ -91,9 +91,11 @@ def _stores_value(state) -> bool:
 
 def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num_steps: int = 200,
              optimizer=None, learning_rate: Optional[float] = None,
-             batch_size: Optional[int] = None) -> MapResult:
+             batch_size: Optional[int] = None, max_steps=None) -> MapResult:
     """Minimise ``-log_density(z, target) / n`` from ``init`` with ``num_steps`` optax steps.
 
+    ``max_steps`` (optional, traced int): steps ``t >= max_steps`` of the
+    fixed-length scan leave everything unchanged (a run stopped early).
     Returns a :class:`MapResult` (final point, full-batch mean loss and
     gradient norm there, number of rejected steps).
     """
@@ -111,8 +113,9 @@ def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num
     reuse = batch_size is None and _stores_value(state0)
     full_vg = optax.value_and_grad_from_state(full_loss) if reuse else None
 
-    def step(carry, k):
+    def step(carry, xs):
         z, state, best_z, best_loss, rejected = carry
+        k, active = xs
         if batch_size is None:
             fn = full_loss
             value, grad = full_vg(z, state=state) if reuse else jax.value_and_grad(fn)(z)
@@ -123,18 +126,24 @@ def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num
         updates, new_state = tx.update(grad, state, z, value=value, grad=grad, value_fn=fn)
         new_z = optax.apply_updates(z, updates)
         ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(grad)) & jnp.all(jnp.isfinite(new_z))
+        if active is not None:
+            ok = ok & active
         z_next = jnp.where(ok, new_z, z)
         state_next = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_state, state)
         # value is the loss at z (before the step): track the best point visited.
         better = jnp.isfinite(value) & (value < best_loss)
+        if active is not None:
+            better = better & active
         best_z = jnp.where(better, z, best_z)
         best_loss = jnp.where(better, value, best_loss)
-        return (z_next, state_next, best_z, best_loss, rejected + (~ok).astype(jnp.int32)), None
+        failed = ~ok if active is None else active & ~ok
+        return (z_next, state_next, best_z, best_loss, rejected + failed.astype(jnp.int32)), None
 
     inf = jnp.array(jnp.inf, dtype=init.dtype)
     carry0 = (init, state0, init, inf, jnp.array(0, jnp.int32))
     keys = jax.random.split(key, max(num_steps, 1))[:num_steps]
-    (z, _, best_z, best_loss, rejected), _ = jax.lax.scan(step, carry0, keys)
+    active = None if max_steps is None else jnp.arange(num_steps) < max_steps
+    (z, _, best_z, best_loss, rejected), _ = jax.lax.scan(step, carry0, (keys, active))
     loss, grad = jax.value_and_grad(full_loss)(z)
     if batch_size is None:
         # The last point was never scored inside the loop; keep it if it is the best.

@@ -47,9 +47,13 @@ CURVATURES = ("hessian", "ggn")
 
 
 def von_run(key, potential, target, mean0, prec0, *, num_steps: int, learning_rate: float,
-            mc_samples: int, hessian: str, min_precision: float, average_fraction: float):
+            mc_samples: int, hessian: str, min_precision: float, average_fraction: float, max_steps=None):
     """``num_steps`` VON steps from ``N(mean0, prec0^-1)``: ``(mean, precision, (2, d) window means)``,
-    mean and precision averaged over the last ``average_fraction`` of the steps."""
+    mean and precision averaged over the last ``average_fraction`` of the steps.
+
+    ``max_steps`` (optional, traced int): steps ``t >= max_steps`` leave ``(m, S)`` unchanged (a
+    run stopped early); the averages and windows then hold the stopped state for the steps not taken.
+    """
     kind = "full" if hessian == "hessian" else "ggn"
     d = mean0.shape[0]
     start_avg = min(int(num_steps * (1.0 - average_fraction)), num_steps - 1)
@@ -75,6 +79,8 @@ def von_run(key, potential, target, mean0, prec0, *, num_steps: int, learning_ra
         S_new = 0.5 * (S_new + S_new.T)
         m_new = m - learning_rate * jnp.linalg.solve(S_new, jnp.mean(grads, 0))
         ok = jnp.all(jnp.isfinite(S_new)) & jnp.all(jnp.isfinite(m_new))
+        if max_steps is not None:
+            ok = ok & (t < max_steps)
         m, S = jnp.where(ok, m_new, m), jnp.where(ok, S_new, S)
         a = (t >= start_avg).astype(dt)
         inw = jnp.stack([(t >= win_a) & (t < win_b), t >= win_b]).astype(dt)
@@ -127,7 +133,15 @@ class VON(ClientBackend):
         if not float(self.min_precision) > 0:
             raise ValueError(f"min_precision must be > 0, got {self.min_precision}")
 
-    def run(self, key, potential, target, init) -> ClientResult:
+    @property
+    def local_step_count(self) -> int:
+        """Steps of one :meth:`run`: the mode search's ``map_steps`` then ``num_steps`` VON steps."""
+        return int(self.map_steps) + int(self.num_steps)
+
+    def run(self, key, potential, target, init, max_steps=None) -> ClientResult:
+        """``N(m, S^-1)`` fitted to ``target`` from ``init``; ``max_steps`` (optional, traced int <=
+        :attr:`local_step_count`) stops the run after that many steps, counted over the mode search
+        then the VON steps."""
         dim = potential.dim
         init = jnp.asarray(init)
         if init.shape != (dim,):
@@ -135,13 +149,16 @@ class VON(ClientBackend):
         k_map, k_run = jax.random.split(key)
         m0 = init
         if int(self.map_steps) > 0:
-            m0 = minimize(potential, target, init, key=k_map, num_steps=int(self.map_steps)).params
+            m0 = minimize(potential, target, init, key=k_map, num_steps=int(self.map_steps),
+                          max_steps=max_steps).params
+        von_steps = None if max_steps is None else jnp.clip(max_steps - int(self.map_steps), 0,
+                                                              int(self.num_steps))
         kind = "full" if self.hessian == "hessian" else "ggn"
         S0, _ = clip_precision(curvature(potential, target, m0, kind), float(self.min_precision))
         m, S, win = von_run(k_run, potential, target, m0, S0, num_steps=int(self.num_steps),
                             learning_rate=float(self.learning_rate), mc_samples=int(self.mc_samples),
                             hessian=self.hessian, min_precision=float(self.min_precision),
-                            average_fraction=float(self.average_fraction))
+                            average_fraction=float(self.average_fraction), max_steps=von_steps)
         S = 0.5 * (S + S.T)
         post = Gaussian(S @ m, S)
         ok = finite_flag(post, m)

@@ -18,14 +18,17 @@ fed = fp.data.partition(X, y, num_clients=6, scheme="iid", seed=0)
 out = {}
 cases = {"epmcmc": (fp.algorithms.EPMCMC(client=fp.inference.Laplace()), {}),
          "fedavg": (fp.algorithms.FedAvg(local_steps=5, batch_size=8, learning_rate=0.01),
-                    {"rounds": 3, "clients_per_round": 5, "client_chunk": 2})}
+                    {"rounds": 3, "clients_per_round": 5, "client_chunk": 2, "straggler_rate": 0.4})}
 for name, (algo, kw) in cases.items():
     one = fp.run(algo, linreg_model(), fed, progress=False, devices=jax.devices()[:1], **kw)
     four = fp.run(algo, linreg_model(), fed, progress=False, **kw)
     out[name] = {"one": np.asarray(one.posterior.mean["w"]).tolist(),
                  "four": np.asarray(four.posterior.mean["w"]).tolist(),
                  "engine": four.info["engine"], "devices": len(four.info["devices"]),
-                 "participants": [h["participants"] for h in four.history] == [h["participants"] for h in one.history]}
+                 "participants": [h["participants"] for h in four.history] == [h["participants"] for h in one.history],
+                 "stragglers": [(h["stragglers"], h["straggler_steps"]) for h in four.history]
+                 == [(h["stragglers"], h["straggler_steps"]) for h in one.history],
+                 "truncated": sum(s > 0 for h in four.history for s in h["straggler_steps"])}
 print(json.dumps(out))
 """
 
@@ -39,8 +42,9 @@ def test_sharded_engine_matches_one_device():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     for name, r in out.items():
         assert r["engine"] == "sharded" and r["devices"] == 4, name
-        assert r["participants"], name
+        assert r["participants"] and r["stragglers"], name
         np.testing.assert_allclose(r["four"], r["one"], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert out["fedavg"]["truncated"] > 0          # partial updates of truncated stragglers, sharded
     # EP-MCMC with Laplace clients is the conjugate product: close to the data's regression weights
     np.testing.assert_allclose(out["epmcmc"]["one"], [1.0, -2.0, 0.5], atol=0.1)
 

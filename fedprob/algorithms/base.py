@@ -24,6 +24,15 @@ Optional hooks for message transforms (the norm bound of
 are an update relative to the server state (``None``: the message has none),
 and ``with_update(ctx, message, update)`` is the message sent in place of
 ``message`` once its update has been transformed.
+
+Optional hook for stragglers truncated at a deadline (:mod:`fedprob.faults`):
+``local_step_count(ctx, data)`` is ONE client's full number of local steps
+``S_k`` (an int or traced int), or ``None`` (default) when its update has no
+meaningful partial result. An algorithm that returns a count accepts
+``client_update(..., max_steps=b)`` with a traced ``b <= S_k``: it runs its
+fixed-length step loop and leaves its state unchanged at every step
+``t >= b``, so that with ``b = S_k`` the result equals the call without
+``max_steps``. The engine passes ``max_steps`` only when it truncates.
 """
 from __future__ import annotations
 
@@ -66,6 +75,10 @@ class Algorithm:
 
     def posterior(self, ctx: Context, server_state, client_states):  # pragma: no cover
         raise NotImplementedError
+
+    def local_step_count(self, ctx: Context, data):
+        """ONE client's full number of local steps, or None: its update has no partial result."""
+        return None
 
     def update_part(self, ctx: Context, message):
         """The update leaves of one client's ``message``, or None when it has none."""

@@ -9,6 +9,9 @@ optax server optimiser as a gradient. Server SGD with learning rate 1 is
 plain FedAvg (the weighted average of client models); "adam", "adagrad" and
 "yogi" are FedAdam/FedAdagrad/FedYogi.
 
+A straggler truncated at a deadline (:mod:`fedprob.faults`) sends the delta
+after the steps it completed (diagnostic ``steps``: the steps taken).
+
 The result is a point estimate: ``posterior`` holds one draw.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+import jax.numpy as jnp
 import optax
 
 from ..inference.optim import make_optimizer
@@ -82,10 +86,17 @@ class FedAvg(Algorithm):
         w = ctx.potential.init(key, self.init_strategy)
         return (w, self._server_opt().init(w)), ()
 
-    def client_update(self, ctx: Context, server_state, client_state, data, key):
+    def local_step_count(self, ctx: Context, data):
+        """The client's optimiser steps: ``local_steps``, or ``ceil(local_epochs * n_k / batch_size)``."""
+        return client_steps(self.local_steps, self.local_epochs, self.batch_size, data.n)
+
+    def client_update(self, ctx: Context, server_state, client_state, data, key, max_steps=None):
+        """Local training from ``w_g`` (frozen after ``max_steps`` steps when given); message ``w_g - w_k``."""
         w_g = server_state[0]
         total = num_local_steps(self.local_steps, self.local_epochs, self.batch_size, data.X.shape[0])
         steps = client_steps(self.local_steps, self.local_epochs, self.batch_size, data.n)
+        if max_steps is not None:
+            steps = jnp.minimum(steps, max_steps)
         w, loss = train_locally(ctx.potential, w_g, data, key, optimizer=self._client_opt(),
                                 total_steps=total, steps=steps, batch_size=self.batch_size,
                                 prior_weight=1.0 / ctx.num_clients, prox_center=w_g, mu=self._mu())

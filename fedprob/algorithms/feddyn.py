@@ -11,7 +11,9 @@ point is the global MAP)::
 
 ``g_k`` starts at 0 (it tracks ``grad L_k`` at the client's last solution),
 ``h`` at 0 and ``w_g`` at the prior centre. The client problem is solved by
-:func:`fedprob.inference.optim.minimize` (full-batch L-BFGS by default).
+:func:`fedprob.inference.optim.minimize` (full-batch L-BFGS by default); a
+straggler truncated at a deadline (:mod:`fedprob.faults`) uses the point its
+solve reached, for ``w_k`` and its ``g_k`` alike.
 The result is a point estimate at ``w_g``.
 """
 from __future__ import annotations
@@ -67,7 +69,11 @@ class FedDyn(Algorithm):
         w = ctx.potential.init(key, self.init_strategy)
         return FedDynServer(w, jnp.zeros_like(w)), stack_init(ctx.num_clients, jnp.zeros_like(w))
 
-    def client_update(self, ctx: Context, server_state: FedDynServer, client_state, data, key):
+    def local_step_count(self, ctx: Context, data):
+        """The steps of the local solve (``num_steps``)."""
+        return int(self.num_steps)
+
+    def client_update(self, ctx: Context, server_state: FedDynServer, client_state, data, key, max_steps=None):
         w_g, g = server_state.w, client_state
         a, wd = float(self.alpha), float(self.weight_decay)
         n = jnp.maximum(data.n, 1).astype(w_g.dtype)
@@ -75,7 +81,8 @@ class FedDyn(Algorithm):
         target = make_target(data, ctx.dim, prior_weight=n / ctx.num_rows, linear=n * (g + a * w_g),
                              precision=jnp.full((ctx.dim,), 1.0, w_g.dtype) * n * (a + wd), dtype=w_g.dtype)
         res = minimize(ctx.potential, target, w_g, key=key, num_steps=int(self.num_steps),
-                       optimizer=self.optimizer, learning_rate=self.learning_rate, batch_size=self.batch_size)
+                       optimizer=self.optimizer, learning_rate=self.learning_rate, batch_size=self.batch_size,
+                       max_steps=max_steps)
         w_k = jnp.where(jnp.isfinite(res.loss), res.params, jnp.nan)   # failed solve: left out
         return g - a * (w_k - w_g), w_k, {"grad_norm": res.grad_norm}
 

@@ -42,6 +42,12 @@ FedLap paper's PVI form, Eqs. 5-6, is the case ``rho = alpha = 1``):
   not positive definite is reported as a non-finite update, which the engine
   rejects (the round then changes no state).
 
+A straggler truncated at a deadline (:mod:`fedprob.faults`) solves its
+client problem with the steps it completed when the backend has a partial
+result (IVON, VON: ``local_step_count``), and its ``lambda_k`` and site increment
+are those of the state reached; with Laplace clients and the isotropic family
+(exact solves) its message is discarded.
+
 The prior ``lambda_0`` is the model's: exact natural parameters for Normal
 priors (:func:`fedprob.gaussian.prior_gaussian`); any other prior site is
 replaced by a Gaussian moment-matched to prior draws (unconstrained space),
@@ -261,8 +267,15 @@ class NaturalLoop(Algorithm):
                            linear=lam_g.linear - site.linear / rho,
                            precision=lam_g.precision - site.precision / rho)
 
-    def solve_client(self, ctx: Context, server: NaturalServer, site: Gaussian, data, key):
-        """``(lambda_k, mode, diagnostics)`` of the client problem."""
+    def local_step_count(self, ctx: Context, data):
+        """The backend's steps (``local_step_count``) for an iterative Gaussian backend (IVON); None
+        for the isotropic family and Laplace clients, whose exact solves have no partial result."""
+        if self.family == "isotropic":
+            return None
+        return getattr(self.backend, "local_step_count", None)
+
+    def solve_client(self, ctx: Context, server: NaturalServer, site: Gaussian, data, key, max_steps=None):
+        """``(lambda_k, mode, diagnostics)`` of the client problem (stopped after ``max_steps`` steps)."""
         target = self.client_target(ctx, server.lam, site, data)
         backend = self.backend
         if self.family == "isotropic":
@@ -272,13 +285,15 @@ class NaturalLoop(Algorithm):
             s = server.lam.precision
             mode = jnp.where(jnp.isfinite(res.loss), res.params, jnp.nan)   # failed solve: left out
             return Gaussian(s * mode, s), mode, {"grad_norm": res.grad_norm}
-        res = backend.run(key, ctx.potential, target, server.start)
+        extra = {} if max_steps is None else {"max_steps": max_steps}
+        res = backend.run(key, ctx.potential, target, server.start, **extra)
         lam_k = _as_family(res.posterior, self.family)
         diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
         return lam_k, res.params, diag
 
-    def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key):
-        lam_k, mode, diag = self.solve_client(ctx, server_state, client_state, data, key)
+    def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key,
+                      max_steps=None):
+        lam_k, mode, diag = self.solve_client(ctx, server_state, client_state, data, key, max_steps)
         g = self.gamma_value(ctx, data.n)
         delta = Gaussian(lam_k.linear - server_state.lam.linear, lam_k.precision - server_state.lam.precision)
         new_site = Gaussian(client_state.linear + g * delta.linear, client_state.precision + g * delta.precision)
@@ -349,8 +364,11 @@ class Configured(Algorithm):
     def init(self, ctx, key, data):
         return self.loop().init(ctx, key, data)
 
-    def client_update(self, ctx, server_state, client_state, data, key):
-        return self.loop().client_update(ctx, server_state, client_state, data, key)
+    def local_step_count(self, ctx, data):
+        return self.loop().local_step_count(ctx, data)
+
+    def client_update(self, ctx, server_state, client_state, data, key, max_steps=None):
+        return self.loop().client_update(ctx, server_state, client_state, data, key, max_steps)
 
     def server_update(self, ctx, server_state, messages, weights, mask):
         return self.loop().server_update(ctx, server_state, messages, weights, mask)

@@ -10,7 +10,10 @@ that would not be finite is discarded (the previous server state is kept and
 the round is flagged), so the server state never silently becomes NaN.
 
 Optional faults and transforms (:mod:`fedprob.faults`,
-:mod:`fedprob.privacy`): simulated dropout and stragglers, a norm bound on
+:mod:`fedprob.privacy`): simulated dropout and stragglers (drawn before the
+clients compute; a truncated straggler gets a traced step budget,
+``client_update(..., max_steps=b)``, for algorithms whose
+``local_step_count`` is not None), a norm bound on
 client updates (a client over it is quarantined like a non-finite one), and
 a differential-privacy transform (clip and noise) applied to the messages
 before ``server_update``, which then gets equal weights. Their randomness
@@ -64,7 +67,7 @@ class RoundInfo(NamedTuple):
     included: jax.Array         # (M,) bool: update finite and aggregated
     server_finite: jax.Array    # () bool: server update accepted
     diagnostics: dict           # name -> (M,) per-client values
-    screen: Optional[faults_mod.Screen] = None   # per-client dropout / straggler / finite / norm
+    screen: Optional[faults_mod.Screen] = None   # per-client dropout / straggler / steps / finite / norm
 
 
 def _where_tree(flag, new, old):
@@ -92,19 +95,27 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
         take = partial(jax.tree_util.tree_map, lambda a: a[idx])
         cs, d = take(client_states), take(data)
         keys = jax.vmap(jax.random.fold_in, (None, 0))(k_cl, idx)
+        drawn = faults_mod.draw(key, M, faults)
+        # truncated stragglers: a traced step budget per client, only where the algorithm has local steps
+        full = None
+        if drawn.fraction is not None:
+            full = jax.vmap(lambda dd: algorithm.local_step_count(ctx, dd))(d)
+        budget = None if full is None else faults_mod.step_budget(drawn.fraction, full, drawn.straggler)
 
         def one(args):
-            c, dd, k = args
-            new_c, msg, diag = algorithm.client_update(ctx, server_state, c, dd, k)
+            c, dd, k = args[:3]
+            extra = {} if budget is None else {"max_steps": args[3]}
+            new_c, msg, diag = algorithm.client_update(ctx, server_state, c, dd, k, **extra)
             return new_c, msg, diag, finite_flag(new_c, msg)
 
+        args = (cs, d, keys) if budget is None else (cs, d, keys, budget)
         if map_clients is not None:
-            new_cs, msgs, diags, ok = map_clients(one, (cs, d, keys))
+            new_cs, msgs, diags, ok = map_clients(one, args)
         elif client_chunk is None or client_chunk >= M:
-            new_cs, msgs, diags, ok = jax.vmap(one)((cs, d, keys))
+            new_cs, msgs, diags, ok = jax.vmap(one)(args)
         else:
-            new_cs, msgs, diags, ok = jax.lax.map(one, (cs, d, keys), batch_size=client_chunk)
-        scr = faults_mod.screen(algorithm, ctx, msgs, ok, key, faults)
+            new_cs, msgs, diags, ok = jax.lax.map(one, args, batch_size=client_chunk)
+        scr = faults_mod.screen(algorithm, ctx, msgs, ok, faults, drawn, budget)
         ok, weights = scr.ok, d.n
         if privacy is not None:
             msgs = privacy_mod.privatize(algorithm, ctx, msgs, ok, key, privacy)

@@ -37,7 +37,7 @@ def make_mesh(devices=None):
 
 
 def map_clients_sharded(mesh, client_chunk: Optional[int] = None):
-    """``map_clients(one, (states, data, keys))`` for :func:`local.make_round_fn`, sharded over ``mesh``."""
+    """``map_clients(one, (states, data, keys[, step budgets]))`` for :func:`local.make_round_fn`, sharded over ``mesh``."""
     n_dev = mesh.devices.size
     spec = NamedSharding(mesh, P("clients"))
 
