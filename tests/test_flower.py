@@ -43,3 +43,57 @@ def test_flower_simulation_reproduces_the_local_engine():
     np.testing.assert_allclose(np.asarray(flower.posterior.mean["w"]), np.asarray(local.posterior.mean["w"]),
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(flower.posterior.mean["w"]), [1.0, -2.0, 0.5], atol=0.15)
+
+
+def _linreg_fed():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=120)).astype(np.float32)
+    return fp.data.partition(X, y, num_clients=3, scheme="iid", seed=0)
+
+
+def _in_process(handle, drop=(), error=None):
+    """``exchange`` answering every request with ``handle`` except the (round, client) in ``drop``."""
+    def exchange(r, requests):
+        replies = {k: handle(c) for k, node, c in requests if (r, k) not in drop}
+        errors = {k: error for k, node, c in requests if (r, k) in drop and error}
+        return replies, errors
+
+    return exchange
+
+
+def test_server_rounds_reproduce_the_local_engine(monkeypatch):
+    """The ServerApp's rounds (selection, client keys, commit) over an in-process transport give the
+    local engine's participants and states; the reply shapes are computed once per run."""
+    from fedprob.engine import flower
+
+    fed = _linreg_fed()
+    algo = fp.algorithms.FedAvg(local_steps=5, batch_size=8, learning_rate=0.01)
+    local = fp.run(algo, linreg_model(), fed, rounds=3, clients_per_round=2, seed=1, progress=False)
+    ctx, data, templates = flower.prepare(algo, linreg_model(), fed, seed=1)
+    handle = flower.client_handler(algo, ctx, data, templates)
+    calls = []
+    real = jax.eval_shape
+    monkeypatch.setattr(jax, "eval_shape", lambda *a, **k: calls.append(1) or real(*a, **k))
+    server, clients, hist = flower.serve(algo, ctx, data, 3, 1, 2, [11, 12], _in_process(handle))
+    assert len(calls) == 1
+    assert [h["participants"] for h in hist] == [h["participants"] for h in local.history]
+    assert [len(set(h["participants"])) for h in hist] == [2, 2, 2]
+    assert all(h["server_update_ok"] and h["excluded"] == [] for h in hist)
+    for a, b in zip(jax.tree_util.tree_leaves((server, clients)),
+                    jax.tree_util.tree_leaves((local.server_state, local.client_states))):
+        np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-5, atol=1e-6)
+
+
+def test_a_node_without_reply_is_named_with_its_client_and_round():
+    from fedprob.engine import flower
+
+    fed = _linreg_fed()
+    algo = fp.algorithms.EPMCMC(client=fp.inference.Laplace())
+    ctx, data, templates = flower.prepare(algo, linreg_model(), fed)
+    handle = flower.client_handler(algo, ctx, data, templates)
+    with pytest.raises(RuntimeError, match=r"round 1: Flower node 21 sent no reply for client \(partition\) 1"):
+        flower.serve(algo, ctx, data, 1, 0, 3, [20, 21], _in_process(handle, drop={(0, 1)}))
+    with pytest.raises(RuntimeError, match=r"round 1: Flower node 20 replied with an error: boom for client "
+                                           r"\(partition\) 0; 2 participants are missing: clients \[0, 2\]"):
+        flower.serve(algo, ctx, data, 1, 0, 3, [20, 21], _in_process(handle, drop={(0, 0), (0, 2)}, error="boom"))
