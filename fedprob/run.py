@@ -199,6 +199,11 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
+    devs = list(jax.devices() if devices is None else devices)
+    multiprocess = sharded.processes(devs)
+    if multiprocess is not None and checkpoint_dir is not None:
+        raise ValueError(f"checkpoint_dir is not supported when the devices span several JAX processes "
+                         f"({multiprocess}); checkpoint from a single-process run")
     history, start = [], 0
     if checkpoint_dir is not None:
         settings = {"seed": int(seed), "clients_per_round": M, "client_chunk": client_chunk,
@@ -210,7 +215,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             if start > rounds:
                 raise ValueError(f"the checkpoint in {checkpoint_dir} is at round {start}, beyond "
                                  f"rounds={rounds}")
-    devs = list(jax.devices() if devices is None else devices)
     mesh = sharded.make_mesh(devs) if len(devs) > 1 else None
     info = {"engine": "local" if mesh is None else "sharded", "devices": [str(d) for d in devs],
             "client_chunk": client_chunk}
@@ -224,9 +228,9 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                                                       clients, round_data, k_rounds, faults, privacy)
     else:
         round_data, clients = sharded.place(round_data, mesh), sharded.place(clients, mesh)
-        server = sharded.unplace(server)
         round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
                                                         round_data, k_rounds, mesh, faults, privacy)
+    host_clients = (lambda c: c) if multiprocess is None else sharded.unplace
     info["compile_round_s"] = compile_time
     compile_time += info.get("client_phase_compile_s", 0.0)
     client_diag = []    # per-round client diagnostics of this process's rounds (not checkpointed)
@@ -239,9 +243,12 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     for r in range(start, rounds):
         t = time.perf_counter()
         k_r = jax.random.fold_in(k_rounds, r)
-        if mesh is not None:    # same placement every round (the compiled round expects it)
-            server, clients = sharded.unplace(server), sharded.place(clients, mesh)
-        server, clients, rinfo = round_fn(server, clients, round_data, k_r)
+        if mesh is None:
+            server, clients, rinfo = round_fn(server, clients, round_data, k_r)
+        else:   # the placement the round was compiled with; the server state comes back to this process
+            server, clients, rinfo = round_fn(sharded.unplace(server), sharded.place(clients, mesh),
+                                              round_data, k_r)
+            server = sharded.unplace(server)
         server = jax.block_until_ready(server)
         dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
         participants = np.asarray(rinfo.participants)
@@ -259,7 +266,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             v = np.asarray(v, dtype=float)
             entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
-            entry.update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
+            entry.update(evaluate(algorithm.posterior(ctx, server, host_clients(clients)), *evald))
         history.append(entry)
         client_diag.append({"participants": participants, "included": included,
                             **{n: np.asarray(v) for n, v in rinfo.diagnostics.items()}})
@@ -277,6 +284,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         warnings.warn(f"{len(excluded)} round(s) left clients out of the aggregate because their updates "
                       f"were not finite or over max_update_norm (first: round {first}, clients "
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=2)
+    clients = host_clients(clients)
     posterior = algorithm.posterior(ctx, server, clients)
     return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, evald,
                   client_diag, info)
