@@ -148,8 +148,9 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     privacy: a :class:`fedprob.privacy.GaussianDP` (client clipping and
     Gaussian noise, (epsilon, delta) in the history).
 
-    engine: ``"local"`` (this process; with several ``devices``, default all
-    local ones, the clients are sharded over them, :mod:`fedprob.engine.sharded`)
+    engine: ``"local"`` (with several ``devices``, default ``jax.devices()``:
+    all of this process's, or of every process after ``jax.distributed.initialize``,
+    the clients are sharded over them, :mod:`fedprob.engine.sharded`)
     or ``"flower"`` (a local Flower simulation with ``num_nodes`` nodes,
     :mod:`fedprob.engine.flower`; needs ``pip install fedprob[flower]``).
     """
@@ -185,6 +186,11 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         if not isinstance(privacy, privacy_mod.GaussianDP):
             raise TypeError(f"privacy must be a fedprob.privacy.GaussianDP, got {type(privacy).__name__}")
         privacy_mod.check_supported(algorithm)
+    devs = list(jax.devices() if devices is None else devices)
+    multiprocess = sharded.processes(devs)
+    if multiprocess is not None and checkpoint_dir is not None:
+        raise ValueError(f"checkpoint_dir is not supported when the devices span several JAX processes "
+                         f"({multiprocess}); checkpoint from a single-process run")
     potential = get_potential(model, fed, model_kwargs)
     if potential.task == "classification":
         _check_labels(fed.pooled()[1], potential.num_classes, "federation")
@@ -199,11 +205,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     server, clients = jax.block_until_ready(init_fn(k_init, data))
     init_time = time.perf_counter() - t0
 
-    devs = list(jax.devices() if devices is None else devices)
-    multiprocess = sharded.processes(devs)
-    if multiprocess is not None and checkpoint_dir is not None:
-        raise ValueError(f"checkpoint_dir is not supported when the devices span several JAX processes "
-                         f"({multiprocess}); checkpoint from a single-process run")
     history, start = [], 0
     if checkpoint_dir is not None:
         settings = {"seed": int(seed), "clients_per_round": M, "client_chunk": client_chunk,

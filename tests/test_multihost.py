@@ -39,9 +39,16 @@ print(json.dumps(out))
 CASES = {
     "epmcmc_laplace": lambda: (fp.algorithms.EPMCMC(client=fp.inference.Laplace()), {}),
     "consensus_sgld": lambda: (fp.algorithms.ConsensusMC(client=fp.inference.SGLD(batch_size=8)), {}),
+    # 6 participants padded to 8 over the 4 devices; evaluated every round (client states gathered)
     "pvi_laplace": lambda: (fp.algorithms.PVI(client=fp.inference.Laplace()),
-                            {"rounds": 3, "clients_per_round": 6}),   # 6 participants padded to 8 devices' worth
+                            {"rounds": 3, "clients_per_round": 6, "eval_data": eval_data()}),
 }
+
+
+def eval_data():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(40, 3)).astype(np.float32)
+    return X, (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=40)).astype(np.float32)
 
 
 def federation():
@@ -56,6 +63,7 @@ def summary(r):
     return {"mean": np.asarray(r.posterior.mean["w"]).tolist(), "engine": r.info["engine"],
             "devices": len(r.info["devices"]), "participants": [h["participants"] for h in r.history],
             "server_update_ok": [h["server_update_ok"] for h in r.history],
+            "rmse": [h.get("rmse") for h in r.history],
             "clients": [np.asarray(a).tolist() for a in __import__("jax").tree_util.tree_leaves(r.client_states)
                         if np.asarray(a).dtype.kind == "f"]}
 
@@ -99,6 +107,9 @@ def check(names):
         assert a["participants"] == one["participants"] and a["server_update_ok"] == one["server_update_ok"]
         # float reassociation over devices only: 1e-5 relative
         np.testing.assert_allclose(a["mean"], one["mean"], rtol=1e-5, atol=1e-5, err_msg=name)
+        assert (a["rmse"][-1] is None) == (one["rmse"][-1] is None)
+        if one["rmse"][-1] is not None:
+            np.testing.assert_allclose(a["rmse"], one["rmse"], rtol=1e-5, err_msg=name)
         for x, y in zip(a["clients"], one["clients"]):
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5, err_msg=name)
         np.testing.assert_allclose(a["mean"], [1.0, -2.0, 0.5], atol=0.1, err_msg=name)

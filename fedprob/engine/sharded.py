@@ -12,6 +12,13 @@ dropped. Federation data and client states are placed with a
 ``NamedSharding`` over the client axis when ``K`` divides by the number of
 devices (replicated otherwise). Compiled rounds are cached like the local
 engine's, per mesh.
+
+Several JAX processes (``jax.distributed.initialize`` in each, then the same
+``fp.run`` everywhere): the mesh holds the devices of every process, client
+data and states are global arrays (:func:`place` fills each process's own
+shards), the round's server state and round info come out replicated, and
+:func:`unplace` gathers what a process reads, so every process holds the
+same result. On CPU the collectives between processes run over Gloo.
 """
 from __future__ import annotations
 
