@@ -13,7 +13,7 @@ from . import checkpoint as ckpt
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
 from .engine import client_phase, local, sharded
-from .faults import Faults, fault_records
+from .faults import Faults
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
@@ -154,19 +154,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     or ``"flower"`` (a local Flower simulation with ``num_nodes`` nodes,
     :mod:`fedprob.engine.flower`; needs ``pip install fedprob[flower]``).
     """
-    if engine == "flower":
-        from .engine import flower
-
-        given = [name for name, v in (("checkpoint_dir", checkpoint_dir), ("max_update_norm", max_update_norm),
-                                      ("privacy", privacy), ("devices", devices), ("client_chunk", client_chunk),
-                                      ("dropout_rate", dropout_rate or None),
-                                      ("straggler_rate", straggler_rate or None)) if v is not None]
-        if given:
-            raise ValueError(f"engine='flower' does not support {', '.join(given)}; use engine='local'")
-
-        return flower.run(algorithm, model, fed, rounds=rounds, seed=seed, eval_data=eval_data,
-                          clients_per_round=clients_per_round, num_nodes=num_nodes, model_kwargs=model_kwargs)
-    if engine != "local":
+    if engine not in ("local", "flower"):
         raise ValueError(f"engine must be 'local' or 'flower', got {engine!r}")
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a fedprob algorithm, got {type(algorithm).__name__}")
@@ -186,6 +174,16 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         if not isinstance(privacy, privacy_mod.GaussianDP):
             raise TypeError(f"privacy must be a fedprob.privacy.GaussianDP, got {type(privacy).__name__}")
         privacy_mod.check_supported(algorithm)
+    if engine == "flower":
+        from .engine import flower
+
+        given = [name for name, v in (("checkpoint_dir", checkpoint_dir), ("devices", devices),
+                                      ("client_chunk", client_chunk)) if v is not None]
+        if given:
+            raise ValueError(f"engine='flower' does not support {', '.join(given)}; use engine='local'")
+        return flower.run(algorithm, model, fed, rounds=rounds, seed=seed, eval_data=eval_data,
+                          clients_per_round=M, num_nodes=num_nodes, model_kwargs=model_kwargs,
+                          faults=faults, privacy=privacy)
     devs = list(jax.devices() if devices is None else devices)
     multiprocess = sharded.processes(devs)
     if multiprocess is not None and checkpoint_dir is not None:
@@ -252,20 +250,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             server = sharded.unplace(server)
         server = jax.block_until_ready(server)
         dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
-        participants = np.asarray(rinfo.participants)
-        included = np.asarray(rinfo.included)
-        scr = rinfo.screen
-        entry = {"round": r + 1, "time": dt, "participants": participants.tolist(),
-                 **fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
-                                 np.asarray(scr.finite), np.asarray(scr.norm), max_update_norm),
-                 "server_update_ok": bool(rinfo.server_finite)}
-        if privacy is not None:
-            entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, M / K, r + 1,
-                                                      privacy.delta)
-            entry["dp_delta"] = float(privacy.delta)
-        for name, v in rinfo.diagnostics.items():
-            v = np.asarray(v, dtype=float)
-            entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
+        entry = {"round": r + 1, "time": dt, **local.round_record(rinfo, r + 1, K, faults, privacy)}
+        participants, included = np.asarray(rinfo.participants), np.asarray(rinfo.included)
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
             entry.update(evaluate(algorithm.posterior(ctx, server, host_clients(clients)), *evald))
         history.append(entry)

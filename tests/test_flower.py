@@ -45,6 +45,9 @@ def test_flower_simulation_reproduces_the_local_engine():
     np.testing.assert_allclose(np.asarray(flower.posterior.mean["w"]), [1.0, -2.0, 0.5], atol=0.15)
 
 
+BOUND = 0.45   # some updates over it (norms 0.47 to 0.58), some under
+
+
 def _linreg_fed():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(120, 3)).astype(np.float32)
@@ -97,3 +100,27 @@ def test_a_node_without_reply_is_named_with_its_client_and_round():
     with pytest.raises(RuntimeError, match=r"round 1: Flower node 20 replied with an error: boom for client "
                                            r"\(partition\) 0; 2 participants are missing: clients \[0, 2\]"):
         flower.serve(algo, ctx, data, 1, 0, 3, [20, 21], _in_process(handle, drop={(0, 0), (0, 2)}, error="boom"))
+
+
+def test_server_rounds_apply_faults_and_privacy_as_the_local_engine():
+    """Dropout, the norm bound and the DP transform act on the Flower replies exactly as in the local
+    engine: same dropped / excluded clients and epsilon, same states."""
+    from fedprob.engine import flower
+    from fedprob.faults import Faults
+
+    fed = _linreg_fed()
+    algo = fp.algorithms.FedAvg(local_steps=5, batch_size=8, learning_rate=0.01)
+    dp = fp.privacy.GaussianDP(clip_norm=1.0, noise_multiplier=0.5)
+    local = fp.run(algo, linreg_model(), fed, rounds=4, clients_per_round=2, seed=3, progress=False,
+                   dropout_rate=0.3, max_update_norm=BOUND, privacy=dp)
+    ctx, data, templates = flower.prepare(algo, linreg_model(), fed, seed=3)
+    handle = flower.client_handler(algo, ctx, data, templates)
+    server, clients, hist = flower.serve(algo, ctx, data, 4, 3, 2, [7], _in_process(handle),
+                                         faults=Faults(0.3, 0.0, BOUND), privacy=dp)
+    cols = ("participants", "dropped", "stragglers", "excluded", "faults", "server_update_ok", "dp_epsilon")
+    assert [{c: h[c] for c in cols} for h in hist] == [{c: h[c] for c in cols} for h in local.history]
+    assert any(h["dropped"] for h in hist) and any(h["excluded"] for h in hist)
+    assert not all(h["server_update_ok"] for h in hist)       # a rejected round commits no client state
+    for a, b in zip(jax.tree_util.tree_leaves((server, clients)),
+                    jax.tree_util.tree_leaves((local.server_state, local.client_states))):
+        np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-5, atol=1e-6)

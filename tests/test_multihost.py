@@ -105,13 +105,13 @@ def check(names):
         algo, kw = CASES[name]()
         one = summary(fp.run(algo, linreg_model(), fed, progress=False, **kw))
         assert a["participants"] == one["participants"] and a["server_update_ok"] == one["server_update_ok"]
-        # float reassociation over devices only: 1e-5 relative
+        # float reassociation over devices only: posterior means to 1e-5, client states to 1e-4
         np.testing.assert_allclose(a["mean"], one["mean"], rtol=1e-5, atol=1e-5, err_msg=name)
         assert (a["rmse"][-1] is None) == (one["rmse"][-1] is None)
         if one["rmse"][-1] is not None:
             np.testing.assert_allclose(a["rmse"], one["rmse"], rtol=1e-5, err_msg=name)
-        for x, y in zip(a["clients"], one["clients"]):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5, err_msg=name)
+        for x, y in zip(a["clients"], one["clients"]):    # PVI sites: differences of natural parameters
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-4, err_msg=name)
         np.testing.assert_allclose(a["mean"], [1.0, -2.0, 0.5], atol=0.1, err_msg=name)
     assert all("several JAX processes" in o["checkpoint_refused"] for o in outs)
 

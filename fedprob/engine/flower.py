@@ -35,7 +35,6 @@ import numpy as np
 from . import codec, local
 from .local import compiled_init
 from ..algorithms.base import Context
-from ..faults import fault_records
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
@@ -99,7 +98,8 @@ def _wait_for_nodes(grid, num_nodes: int, timeout: float) -> list:
     return nodes
 
 
-def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, nodes, exchange):
+def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, nodes, exchange,
+          faults=None, privacy=None):
     """The server's rounds over a transport: ``(server, clients, history)``.
 
     Each round draws the participants and their keys with :func:`local.select`
@@ -110,6 +110,8 @@ def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participant
     ``(client, node, RecordDict)``; replies map a client to its reply
     ``RecordDict``, errors a client to the reason its node gave. A participant
     without a reply is an error naming the node, the client and the round.
+    faults / privacy: as in the local engine (the norm bound, simulated dropout
+    and stragglers, and the differential-privacy transform act on the replies).
     """
     from flwr.app import ConfigRecord, RecordDict
 
@@ -123,7 +125,7 @@ def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participant
     server, clients = compiled_init(algorithm, ctx, data, k_init)(k_init, data)
     select = jax.jit(lambda key: local.select(K, M, key))
     commit = jax.jit(lambda s, c, idx, ncs, m, dg, ok, n, key: local.aggregate_and_commit(
-        algorithm, ctx, s, c, idx, ncs, m, dg, ok, n, key))
+        algorithm, ctx, s, c, idx, ncs, m, dg, ok, n, key, faults, privacy))
     first = partial(jax.tree_util.tree_map, lambda a: a[0])
     like = jax.eval_shape(_client_fn(algorithm, ctx), server, first(clients), first(data), k_init)
     history = []
@@ -150,11 +152,7 @@ def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participant
         outs = [codec.unpack(replies[k]["reply"], like) for k in ids]
         new_cs, msgs, diags, ok = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
         server, clients, info = commit(server, clients, idx, new_cs, msgs, diags, ok, data.n, k_r)
-        scr = info.screen
-        history.append({"round": r + 1, "participants": ids,
-                        **fault_records(np.asarray(idx), np.asarray(scr.present), np.asarray(scr.straggler),
-                                        np.asarray(scr.finite), np.asarray(scr.norm), None),
-                        "server_update_ok": bool(info.server_finite)})
+        history.append({"round": r + 1, **local.round_record(info, r + 1, K, faults, privacy)})
     return server, clients, history
 
 
@@ -179,7 +177,7 @@ def _grid_exchange(grid):
 
 
 def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, sink: dict,
-               num_nodes: int = 1, node_timeout: float = 300.0):
+               num_nodes: int = 1, node_timeout: float = 300.0, faults=None, privacy=None):
     """A ServerApp running :func:`serve`; the final states and history go to ``sink``.
 
     It waits (up to ``node_timeout`` seconds) until ``num_nodes`` SuperNodes have
@@ -192,7 +190,7 @@ def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_partic
     def main(grid, context):
         nodes = _wait_for_nodes(grid, num_nodes, node_timeout)
         server, clients, history = serve(algorithm, ctx, data, rounds, seed, num_participants, nodes,
-                                         _grid_exchange(grid))
+                                         _grid_exchange(grid), faults, privacy)
         sink.update(server=server, clients=clients, history=history)
 
     return app
@@ -212,7 +210,7 @@ def prepare(algorithm, model, fed, seed: int = 0, model_kwargs=None):
 
 
 def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clients_per_round=None,
-        num_nodes=None, model_kwargs=None, backend_config=None):
+        num_nodes=None, model_kwargs=None, backend_config=None, faults=None, privacy=None):
     """``fp.run`` on a local Flower simulation (see the module docstring); returns a ``Result``."""
     import time
 
@@ -229,7 +227,8 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     sink: dict = {}
     nodes = K if num_nodes is None else int(num_nodes)
     t0 = time.perf_counter()
-    run_simulation(server_app(algorithm, ctx, data, rounds, seed, M, sink, num_nodes=nodes),
+    run_simulation(server_app(algorithm, ctx, data, rounds, seed, M, sink, num_nodes=nodes, faults=faults,
+                              privacy=privacy),
                    client_app(algorithm, ctx, data, templates), num_supernodes=nodes,
                    backend_config=backend_config or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     wall = time.perf_counter() - t0

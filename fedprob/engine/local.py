@@ -166,6 +166,29 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
     return round_fn
 
 
+def round_record(rinfo: RoundInfo, round_number: int, num_clients: int, faults=None, privacy=None) -> dict:
+    """A round's history columns from its :class:`RoundInfo` (host values): ``participants``,
+    ``dropped`` / ``stragglers`` / ``excluded`` / ``faults`` (:func:`fedprob.faults.fault_records`),
+    ``server_update_ok``, ``dp_epsilon`` / ``dp_delta`` after ``round_number`` rounds (with
+    ``privacy``; sampling rate M / K) and ``client_<name>``: each diagnostic's mean over the
+    included clients (NaN when none was included)."""
+    participants, included = np.asarray(rinfo.participants), np.asarray(rinfo.included)
+    scr = rinfo.screen
+    bound = None if faults is None else faults.max_update_norm
+    entry = {"participants": participants.tolist(),
+             **faults_mod.fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
+                                        np.asarray(scr.finite), np.asarray(scr.norm), bound),
+             "server_update_ok": bool(rinfo.server_finite)}
+    if privacy is not None:
+        entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, len(participants) / num_clients,
+                                                  round_number, privacy.delta)
+        entry["dp_delta"] = float(privacy.delta)
+    for name, v in rinfo.diagnostics.items():
+        v = np.asarray(v, dtype=float)
+        entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
+    return entry
+
+
 def _signature(tree) -> tuple:
     return tuple((tuple(np.shape(a)), str(jnp.result_type(a))) for a in jax.tree_util.tree_leaves(tree))
 
