@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -64,7 +65,7 @@ def summary(r):
             "devices": len(r.info["devices"]), "participants": [h["participants"] for h in r.history],
             "server_update_ok": [h["server_update_ok"] for h in r.history],
             "rmse": [h.get("rmse") for h in r.history],
-            "clients": [np.asarray(a).tolist() for a in __import__("jax").tree_util.tree_leaves(r.client_states)
+            "clients": [np.asarray(a).tolist() for a in jax.tree_util.tree_leaves(r.client_states)
                         if np.asarray(a).dtype.kind == "f"]}
 
 

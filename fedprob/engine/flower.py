@@ -157,20 +157,21 @@ def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participant
 
 
 def _grid_exchange(grid):
-    """``exchange`` for :func:`serve` through a Flower ``Grid``."""
+    """``exchange`` for :func:`serve` through a Flower ``Grid``: a reply belongs to the request
+    it answers (``reply_to_message_id``; the grid sets the requests' ids when it pushes them)."""
     from flwr.app import Message
 
     def exchange(r, requests):
         out = [Message(content, dst_node_id=node, message_type="train") for _, node, content in requests]
+        received = grid.send_and_receive(out)
+        client_of = {m.metadata.message_id: k for (k, _, _), m in zip(requests, out)}
         replies, errors = {}, {}
-        for m in grid.send_and_receive(out):
+        for m in received:
+            k = client_of.get(m.metadata.reply_to_message_id)
             if m.has_content():
-                replies[int(m.content["meta"]["client"])] = m.content
-            else:
-                src = m.metadata.src_node_id
-                for k, node, _ in requests:
-                    if node == src and k not in errors:
-                        errors[k] = f"{m.error.reason} (code {m.error.code})"
+                replies[int(m.content["meta"]["client"]) if k is None else k] = m.content
+            elif k is not None:
+                errors[k] = f"{m.error.reason} (code {m.error.code})"
         return replies, errors
 
     return exchange
