@@ -13,7 +13,7 @@ from . import checkpoint as ckpt
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
 from .engine import client_phase, local, sharded
-from .faults import Faults, fault_records
+from .faults import Faults
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
@@ -171,26 +171,13 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     privacy: a :class:`fedprob.privacy.GaussianDP` (client clipping and
     Gaussian noise, (epsilon, delta) in the history).
 
-    engine: ``"local"`` (this process; with several ``devices``, default all
-    local ones, the clients are sharded over them, :mod:`fedprob.engine.sharded`)
+    engine: ``"local"`` (with several ``devices``, default ``jax.devices()``:
+    all of this process's, or of every process after ``jax.distributed.initialize``,
+    the clients are sharded over them, :mod:`fedprob.engine.sharded`)
     or ``"flower"`` (a local Flower simulation with ``num_nodes`` nodes,
     :mod:`fedprob.engine.flower`; needs ``pip install fedprob[flower]``).
     """
-    if engine == "flower":
-        from .engine import flower
-
-        given = [name for name, v in (("checkpoint_dir", checkpoint_dir), ("max_update_norm", max_update_norm),
-                                      ("privacy", privacy), ("devices", devices), ("client_chunk", client_chunk),
-                                      ("dropout_rate", dropout_rate or None),
-                                      ("straggler_rate", straggler_rate or None),
-                                      ("straggler_min_fraction", straggler_min_fraction or None))
-                 if v is not None]
-        if given:
-            raise ValueError(f"engine='flower' does not support {', '.join(given)}; use engine='local'")
-
-        return flower.run(algorithm, model, fed, rounds=rounds, seed=seed, eval_data=eval_data,
-                          clients_per_round=clients_per_round, num_nodes=num_nodes, model_kwargs=model_kwargs)
-    if engine != "local":
+    if engine not in ("local", "flower"):
         raise ValueError(f"engine must be 'local' or 'flower', got {engine!r}")
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"algorithm must be a fedprob algorithm, got {type(algorithm).__name__}")
@@ -210,6 +197,25 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         if not isinstance(privacy, privacy_mod.GaussianDP):
             raise TypeError(f"privacy must be a fedprob.privacy.GaussianDP, got {type(privacy).__name__}")
         privacy_mod.check_supported(algorithm)
+    if engine == "flower":
+        from .engine import flower
+
+        given = [name for name, v in (("checkpoint_dir", checkpoint_dir), ("devices", devices),
+                                      ("client_chunk", client_chunk),
+                                      ("straggler_min_fraction", straggler_min_fraction or None)) if v is not None]
+        if given:
+            raise ValueError(f"engine='flower' does not support {', '.join(given)}; use engine='local'")
+        if faults.truncates:
+            raise ValueError("engine='flower' simulates stragglers by discarding their messages: pass "
+                             "straggler_policy='discard' (truncated local work needs engine='local')")
+        return flower.run(algorithm, model, fed, rounds=rounds, seed=seed, eval_data=eval_data,
+                          clients_per_round=M, num_nodes=num_nodes, model_kwargs=model_kwargs,
+                          faults=faults, privacy=privacy)
+    devs = list(jax.devices() if devices is None else devices)
+    multiprocess = sharded.processes(devs)
+    if multiprocess is not None and checkpoint_dir is not None:
+        raise ValueError(f"checkpoint_dir is not supported when the devices span several JAX processes "
+                         f"({multiprocess}); checkpoint from a single-process run")
     potential = get_potential(model, fed, model_kwargs)
     if potential.task == "classification":
         _check_labels(fed.pooled()[1], potential.num_classes, "federation")
@@ -235,7 +241,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             if start > rounds:
                 raise ValueError(f"the checkpoint in {checkpoint_dir} is at round {start}, beyond "
                                  f"rounds={rounds}")
-    devs = list(jax.devices() if devices is None else devices)
     mesh = sharded.make_mesh(devs) if len(devs) > 1 else None
     info = {"engine": "local" if mesh is None else "sharded", "devices": [str(d) for d in devs],
             "client_chunk": client_chunk}
@@ -249,9 +254,9 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
                                                       clients, round_data, k_rounds, faults, privacy)
     else:
         round_data, clients = sharded.place(round_data, mesh), sharded.place(clients, mesh)
-        server = sharded.unplace(server)
         round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
                                                         round_data, k_rounds, mesh, faults, privacy)
+    host_clients = (lambda c: c) if multiprocess is None else sharded.unplace
     info["compile_round_s"] = compile_time
     if faults.straggler_rate > 0:
         info["straggler_policy"] = _straggler_policy(round_algo, ctx, round_data, faults)
@@ -266,28 +271,18 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     for r in range(start, rounds):
         t = time.perf_counter()
         k_r = jax.random.fold_in(k_rounds, r)
-        if mesh is not None:    # same placement every round (the compiled round expects it)
-            server, clients = sharded.unplace(server), sharded.place(clients, mesh)
-        server, clients, rinfo = round_fn(server, clients, round_data, k_r)
+        if mesh is None:
+            server, clients, rinfo = round_fn(server, clients, round_data, k_r)
+        else:   # the placement the round was compiled with; the server state comes back to this process
+            server, clients, rinfo = round_fn(sharded.unplace(server), sharded.place(clients, mesh),
+                                              round_data, k_r)
+            server = sharded.unplace(server)
         server = jax.block_until_ready(server)
         dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
-        participants = np.asarray(rinfo.participants)
-        included = np.asarray(rinfo.included)
-        scr = rinfo.screen
-        entry = {"round": r + 1, "time": dt, "participants": participants.tolist(),
-                 **fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
-                                 np.asarray(scr.finite), np.asarray(scr.norm), max_update_norm,
-                                 None if scr.steps is None else np.asarray(scr.steps)),
-                 "server_update_ok": bool(rinfo.server_finite)}
-        if privacy is not None:
-            entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, M / K, r + 1,
-                                                      privacy.delta)
-            entry["dp_delta"] = float(privacy.delta)
-        for name, v in rinfo.diagnostics.items():
-            v = np.asarray(v, dtype=float)
-            entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
+        entry = {"round": r + 1, "time": dt, **local.round_record(rinfo, r + 1, K, faults, privacy)}
+        participants, included = np.asarray(rinfo.participants), np.asarray(rinfo.included)
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
-            entry.update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
+            entry.update(evaluate(algorithm.posterior(ctx, server, host_clients(clients)), *evald))
         history.append(entry)
         client_diag.append({"participants": participants, "included": included,
                             **{n: np.asarray(v) for n, v in rinfo.diagnostics.items()}})
@@ -305,6 +300,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         warnings.warn(f"{len(excluded)} round(s) left clients out of the aggregate because their updates "
                       f"were not finite or over max_update_norm (first: round {first}, clients "
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=2)
+    clients = host_clients(clients)
     posterior = algorithm.posterior(ctx, server, clients)
     return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, evald,
                   client_diag, info)

@@ -126,6 +126,8 @@ def test_completed_steps_are_floor_of_a_uniform_fraction_and_bad_settings_fail()
         fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, straggler_rate=0.1, straggler_min_fraction=1.0)
     with pytest.raises(ValueError, match="does not support straggler_min_fraction"):
         fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, engine="flower", straggler_min_fraction=0.5)
+    with pytest.raises(ValueError, match="straggler_policy=.discard."):
+        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, engine="flower", straggler_rate=0.2)
 
 
 def test_pvi_with_laplace_clients_falls_back_to_discard_and_reaches_the_conjugate_answer():

@@ -67,8 +67,7 @@ def run(algorithm, ctx, data, server_state, round_key, client_chunk: Optional[in
     info: ``client_phase_compile_s`` (0 when a compiled phase was shared), ``client_phase_s``.
     """
     K = ctx.num_clients
-    _, k_cl = jax.random.split(round_key)                       # as local.make_round_fn, M == K
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(k_cl, jax.numpy.arange(K))
+    _, keys = local.select(K, K, round_key)                     # the round's keys, M == K
     start_key = jax.random.fold_in(server_state.key, 1)         # as OneRoundAlgorithm.client_update
     fn, compile_s = compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk)
     groups = 1 if client_chunk is None or client_chunk >= K else math.ceil(K / client_chunk)

@@ -6,8 +6,12 @@ The ServerApp (:func:`server_app`) is the strategy: it holds fedprob's
 server and client states, samples the round's participants with the local
 engine's keys, sends each participant a ``"train"`` message (server state,
 client state, client id, round key; :mod:`.codec` turns the pytrees into
-``ArrayRecord`` s of numpy arrays), and applies ``algorithm.server_update``
-with the local engine's masks and commit rule to the replies. The ClientApp
+``ArrayRecord`` s of numpy arrays), and commits the replies with the local
+engine's own pieces (:func:`fedprob.engine.local.select` and
+:func:`fedprob.engine.local.aggregate_and_commit`, see :func:`serve`): same
+participants, keys, masks and commit rule. A participant whose node sends
+no reply (or an error) stops the run with an error naming the node, the
+client and the round. The ClientApp
 (:func:`client_app`) runs the same ``algorithm.client_update`` (compiled
 once per process) on the client's rows. Client ``k`` is served by node
 ``k mod N``; its rows come from the federation the app was built with
@@ -22,15 +26,15 @@ is shut down when it returns.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import codec
-from .local import _where_tree, compiled_init
+from . import codec, local
+from .local import compiled_init
 from ..algorithms.base import Context
-from ..protocols import finite_flag
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
@@ -39,31 +43,43 @@ os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 def _client_fn(algorithm, ctx):
     @jax.jit
     def update(server, client, data, key):
-        new_c, msg, diag = algorithm.client_update(ctx, server, client, data, key)
-        return new_c, msg, diag, finite_flag(new_c, msg)
+        return local.client_step(algorithm, ctx, server)((client, data, key))
 
     return update
 
 
-def client_app(algorithm, ctx: Context, data, templates):
-    """A ClientApp running ``algorithm.client_update`` for the client named in each message."""
-    from flwr.app import ConfigRecord, Message, RecordDict
-    from flwr.clientapp import ClientApp
+def client_handler(algorithm, ctx: Context, data, templates):
+    """``handle(content) -> reply content``: a ``"train"`` request's ``RecordDict`` (server
+    state, client state, key, ``meta.client``) to the reply's (the client's new state,
+    message, diagnostics and finite flag, packed; ``meta.client``)."""
+    from flwr.app import ConfigRecord, RecordDict
 
-    app = ClientApp()
     update = _client_fn(algorithm, ctx)
     server_t, client_t, key_t = templates
 
-    @app.train()
-    def train(msg: Message, context):
-        k = int(msg.content["meta"]["client"])
-        server = codec.unpack(msg.content["server"], server_t)
-        client = codec.unpack(msg.content["client"], client_t)
-        key = codec.unpack(msg.content["key"], key_t)
+    def handle(content):
+        k = int(content["meta"]["client"])
+        server = codec.unpack(content["server"], server_t)
+        client = codec.unpack(content["client"], client_t)
+        key = codec.unpack(content["key"], key_t)
         d = jax.tree_util.tree_map(lambda a: a[k], data)
         out = update(server, client, d, key)
-        return Message(RecordDict({"reply": codec.pack(out), "meta": ConfigRecord({"client": k})}),
-                       reply_to=msg)
+        return RecordDict({"reply": codec.pack(out), "meta": ConfigRecord({"client": k})})
+
+    return handle
+
+
+def client_app(algorithm, ctx: Context, data, templates):
+    """A ClientApp running ``algorithm.client_update`` for the client named in each message."""
+    from flwr.app import Message
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+    handle = client_handler(algorithm, ctx, data, templates)
+
+    @app.train()
+    def train(msg: Message, context):
+        return Message(handle(msg.content), reply_to=msg)
 
     return app
 
@@ -82,82 +98,138 @@ def _wait_for_nodes(grid, num_nodes: int, timeout: float) -> list:
     return nodes
 
 
+def serve(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, nodes, exchange,
+          faults=None, privacy=None):
+    """The server's rounds over a transport: ``(server, clients, history)``.
+
+    Each round draws the participants and their keys with :func:`local.select`
+    (the local engine's round keys ``fold_in(k_rounds, r)``), sends client ``k``
+    to node ``nodes[k mod len(nodes)]`` and commits the replies with
+    :func:`local.aggregate_and_commit`, so the answer is the local engine's.
+    ``exchange(round, requests) -> (replies, errors)``: requests are
+    ``(client, node, RecordDict)``; replies map a client to its reply
+    ``RecordDict``, errors a client to the reason its node gave. A participant
+    without a reply is an error naming the node, the client and the round.
+    faults / privacy: as in the local engine (the norm bound, simulated dropout
+    and stragglers, and the differential-privacy transform act on the replies).
+    """
+    from flwr.app import ConfigRecord, RecordDict
+
+    K, M = ctx.num_clients, num_participants
+    if not 1 <= M <= K:
+        raise ValueError(f"clients_per_round must be in [1, {K}], got {M}")
+    nodes = list(nodes)
+    if not nodes:
+        raise ValueError("no Flower nodes to send the clients to")
+    k_init, k_rounds = jax.random.split(jax.random.PRNGKey(seed))
+    server, clients = compiled_init(algorithm, ctx, data, k_init)(k_init, data)
+    select = jax.jit(lambda key: local.select(K, M, key))
+    commit = jax.jit(lambda s, c, idx, ncs, m, dg, ok, n, key: local.aggregate_and_commit(
+        algorithm, ctx, s, c, idx, ncs, m, dg, ok, n, key, faults, privacy))
+    first = partial(jax.tree_util.tree_map, lambda a: a[0])
+    like = jax.eval_shape(_client_fn(algorithm, ctx), server, first(clients), first(data), k_init)
+    history = []
+    for r in range(rounds):
+        k_r = jax.random.fold_in(k_rounds, r)
+        idx, keys = select(k_r)
+        ids = np.asarray(idx).tolist()
+        requests = []
+        for j, k in enumerate(ids):
+            content = RecordDict({
+                "server": codec.pack(server),
+                "client": codec.pack(jax.tree_util.tree_map(lambda a: a[k], clients)),
+                "key": codec.pack(keys[j]),
+                "meta": ConfigRecord({"client": k, "round": r})})
+            requests.append((k, nodes[k % len(nodes)], content))
+        replies, errors = exchange(r, requests)
+        missing = [(k, node) for k, node, _ in requests if k not in replies]
+        if missing:
+            k, node = missing[0]
+            why = f"replied with an error: {errors[k]}" if k in errors else "sent no reply"
+            raise RuntimeError(f"round {r + 1}: Flower node {node} {why} for client (partition) {k}"
+                               + (f"; {len(missing)} participants are missing: clients "
+                                  f"{[m[0] for m in missing]}" if len(missing) > 1 else ""))
+        outs = [codec.unpack(replies[k]["reply"], like) for k in ids]
+        new_cs, msgs, diags, ok = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
+        server, clients, info = commit(server, clients, idx, new_cs, msgs, diags, ok, data.n, k_r)
+        history.append({"round": r + 1, **local.round_record(info, r + 1, K, faults, privacy)})
+    return server, clients, history
+
+
+def _grid_exchange(grid):
+    """``exchange`` for :func:`serve` through a Flower ``Grid``: a reply belongs to the request
+    it answers (``reply_to_message_id``; the grid sets the requests' ids when it pushes them)."""
+    from flwr.app import Message
+
+    def exchange(r, requests):
+        out = [Message(content, dst_node_id=node, message_type="train") for _, node, content in requests]
+        received = grid.send_and_receive(out)
+        client_of = {m.metadata.message_id: k for (k, _, _), m in zip(requests, out)}
+        replies, errors = {}, {}
+        for m in received:
+            k = client_of.get(m.metadata.reply_to_message_id)
+            if m.has_content():
+                replies[int(m.content["meta"]["client"]) if k is None else k] = m.content
+            elif k is not None:
+                errors[k] = f"{m.error.reason} (code {m.error.code})"
+        return replies, errors
+
+    return exchange
+
+
 def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_participants: int, sink: dict,
-               num_nodes: int = 1, node_timeout: float = 300.0):
-    """A ServerApp holding fedprob's states; the final ones go to ``sink``.
+               num_nodes: int = 1, node_timeout: float = 300.0, faults=None, privacy=None):
+    """A ServerApp running :func:`serve`; the final states and history go to ``sink``.
 
     It waits (up to ``node_timeout`` seconds) until ``num_nodes`` SuperNodes have
     registered, so clients are spread over all of them; none at all is an error."""
-    from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.serverapp import ServerApp
 
     app = ServerApp()
-    K, M = ctx.num_clients, num_participants
-    update = _client_fn(algorithm, ctx)
-    server_update = jax.jit(lambda s, m, w, ok: algorithm.server_update(ctx, s, m, w, ok))
 
     @app.main()
     def main(grid, context):
-        k_init, k_rounds = jax.random.split(jax.random.PRNGKey(seed))
-        server, clients = compiled_init(algorithm, ctx, data, k_init)(k_init, data)
         nodes = _wait_for_nodes(grid, num_nodes, node_timeout)
-        history = []
-        for r in range(rounds):
-            k_sel, k_cl = jax.random.split(jax.random.fold_in(k_rounds, r))
-            idx = np.arange(K) if M == K else np.sort(np.asarray(jax.random.permutation(k_sel, K)[:M]))
-            take = lambda tree: jax.tree_util.tree_map(lambda a: a[idx], tree)
-            cs = take(clients)
-            out_msgs = []
-            for j, k in enumerate(idx):
-                content = RecordDict({
-                    "server": codec.pack(server),
-                    "client": codec.pack(jax.tree_util.tree_map(lambda a: a[j], cs)),
-                    "key": codec.pack(jax.random.fold_in(k_cl, int(k))),
-                    "meta": ConfigRecord({"client": int(k), "round": r})})
-                out_msgs.append(Message(content, dst_node_id=nodes[int(k) % len(nodes)], message_type="train"))
-            replies = {int(m.content["meta"]["client"]): m for m in grid.send_and_receive(out_msgs)
-                       if m.has_content()}
-            like = jax.eval_shape(update, server, jax.tree_util.tree_map(lambda a: a[0], cs),
-                                  jax.tree_util.tree_map(lambda a: a[0], data), k_cl)
-            outs = [codec.unpack(replies[int(k)].content["reply"], like) for k in idx]
-            new_cs, msgs, diags, ok = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *outs)
-            d_n = jnp.asarray(data.n)[idx]
-            new_server = server_update(server, msgs, d_n, ok)
-            server_ok = finite_flag(new_server) & jnp.any(ok)
-            server = _where_tree(server_ok, new_server, server)
-            merged = _where_tree(ok & server_ok, new_cs, cs)
-            clients = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), clients, merged)
-            history.append({"round": r + 1, "participants": idx.tolist(),
-                            "excluded": idx[~np.asarray(ok)].tolist(), "server_update_ok": bool(server_ok)})
+        server, clients, history = serve(algorithm, ctx, data, rounds, seed, num_participants, nodes,
+                                         _grid_exchange(grid), faults, privacy)
         sink.update(server=server, clients=clients, history=history)
 
     return app
 
 
+def prepare(algorithm, model, fed, seed: int = 0, model_kwargs=None):
+    """``(ctx, data, templates)`` for :func:`serve`, :func:`server_app` and :func:`client_app`:
+    templates are the shapes of one message's server state, client state and key."""
+    from ..run import get_potential
+
+    potential = get_potential(model, fed, model_kwargs)
+    ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
+    data = fed.client_data()
+    k_init = jax.random.split(jax.random.PRNGKey(seed))[0]
+    server0, clients0 = compiled_init(algorithm, ctx, data, k_init)(k_init, data)
+    return ctx, data, (server0, jax.tree_util.tree_map(lambda a: a[0], clients0), k_init)
+
+
 def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clients_per_round=None,
-        num_nodes=None, model_kwargs=None, backend_config=None):
+        num_nodes=None, model_kwargs=None, backend_config=None, faults=None, privacy=None):
     """``fp.run`` on a local Flower simulation (see the module docstring); returns a ``Result``."""
     import time
 
     from flwr.simulation import run_simulation
 
     from ..metrics import evaluate
-    from ..run import Result, _check_eval, get_potential
+    from ..run import Result, _check_eval
 
     rounds = algorithm.default_rounds if rounds is None else int(rounds)
     K = fed.num_clients
     M = K if clients_per_round is None else int(clients_per_round)
-    potential = get_potential(model, fed, model_kwargs)
-    evald = _check_eval(eval_data, potential)
-    ctx = Context(potential, K, np.asarray(fed.sizes), fed.num_rows)
-    data = fed.client_data()
-    k_init = jax.random.split(jax.random.PRNGKey(seed))[0]
-    server0, clients0 = compiled_init(algorithm, ctx, data, k_init)(k_init, data)
-    templates = (server0, jax.tree_util.tree_map(lambda a: a[0], clients0), k_init)
+    ctx, data, templates = prepare(algorithm, model, fed, seed, model_kwargs)
+    evald = _check_eval(eval_data, ctx.potential)
     sink: dict = {}
     nodes = K if num_nodes is None else int(num_nodes)
     t0 = time.perf_counter()
-    run_simulation(server_app(algorithm, ctx, data, rounds, seed, M, sink, num_nodes=nodes),
+    run_simulation(server_app(algorithm, ctx, data, rounds, seed, M, sink, num_nodes=nodes, faults=faults,
+                              privacy=privacy),
                    client_app(algorithm, ctx, data, templates), num_supernodes=nodes,
                    backend_config=backend_config or {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     wall = time.perf_counter() - t0
@@ -171,4 +243,4 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     return Result(posterior, history, server, clients, algorithm, ctx, 0.0, 0.0, eval_data=evald, info=info)
 
 
-__all__ = ["run", "server_app", "client_app"]
+__all__ = ["run", "prepare", "serve", "server_app", "client_app", "client_handler"]

@@ -8,6 +8,12 @@ whose message or state is not finite as excluded, and applies
 ``algorithm.server_update`` with the participation mask. A server update
 that would not be finite is discarded (the previous server state is kept and
 the round is flagged), so the server state never silently becomes NaN.
+The round is three pure pieces that every engine shares: :func:`select`
+(participants and their keys), :func:`client_step` (one client's update,
+mapped over the participants by each engine its own way) and
+:func:`aggregate_and_commit` (screen, server update, commit);
+:mod:`.sharded` maps the clients over a device mesh and :mod:`.flower`
+sends them to Flower nodes, both with the same selection and commit.
 
 Optional faults and transforms (:mod:`fedprob.faults`,
 :mod:`fedprob.privacy`): simulated dropout and stragglers (drawn before the
@@ -78,9 +84,84 @@ def _where_tree(flag, new, old):
     return jax.tree_util.tree_map(pick, new, old)
 
 
+def select(num_clients: int, num_participants: int, key):
+    """The round's participants and their keys: ``(idx, keys)``.
+
+    ``k_sel, k_cl = split(key)``; ``idx`` (M,) are M of the K clients drawn without
+    replacement from ``k_sel`` and sorted (all K, in order, when M == K); client
+    ``k`` updates with ``fold_in(k_cl, k)``, so its key does not depend on who else
+    was drawn.
+    """
+    K, M = num_clients, num_participants
+    k_sel, k_cl = jax.random.split(key)
+    idx = jnp.arange(K) if M == K else jnp.sort(jax.random.permutation(k_sel, K)[:M])
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(k_cl, idx)
+    return idx, keys
+
+
+def work(algorithm: Algorithm, ctx: Context, data, key, num_participants: int, faults=None):
+    """The round's simulated faults and step budgets, drawn before the clients compute: ``(drawn, budget)``.
+
+    ``data`` are the M participants' data. ``budget`` (M,) is the local steps each
+    participant may take (:func:`fedprob.faults.step_budget`) when stragglers are
+    truncated and the algorithm has local steps (``local_step_count``), else None.
+    """
+    drawn = faults_mod.draw(key, num_participants, faults)
+    if drawn.fraction is None:
+        return drawn, None
+    full = jax.vmap(lambda dd: algorithm.local_step_count(ctx, dd))(data)
+    return drawn, faults_mod.step_budget(drawn.fraction, full, drawn.straggler)
+
+
+def client_step(algorithm: Algorithm, ctx: Context, server_state):
+    """``one((state, data, key[, max_steps])) -> (state, message, diagnostics, finite)``: one client's
+    update (with a step budget when the arguments carry one)."""
+
+    def one(args):
+        c, dd, k = args[:3]
+        extra = {} if len(args) == 3 else {"max_steps": args[3]}
+        new_c, msg, diag = algorithm.client_update(ctx, server_state, c, dd, k, **extra)
+        return new_c, msg, diag, finite_flag(new_c, msg)
+
+    return one
+
+
+def aggregate_and_commit(algorithm: Algorithm, ctx: Context, server_state, client_states, idx, new_cs, msgs,
+                         diags, ok, sizes, key, faults=None, privacy=None, drawn=None, budget=None):
+    """The server half of a round: ``(server, client_states, RoundInfo)``.
+
+    ``idx`` (M,) participants; ``new_cs, msgs, diags, ok`` their stacked outputs
+    of :func:`client_step`; ``sizes`` (K,) rows per client (the aggregation
+    weights); ``key`` the round key (fault and privacy draws fold it with fixed
+    tags; ``drawn, budget`` from :func:`work`, drawn here when None: stragglers
+    then are discarded). Screens the messages (finite, faults), privatizes them (equal weights
+    then), applies ``server_update``, keeps the old server state when the new one
+    is not finite or nobody was included, and writes a participant's new state
+    into ``client_states`` only when it was included AND the server update was
+    accepted.
+    """
+    cs = jax.tree_util.tree_map(lambda a: a[idx], client_states)
+    weights = jnp.asarray(sizes)[idx]
+    if drawn is None:
+        drawn = faults_mod.draw(key, idx.shape[0], faults)
+    scr = faults_mod.screen(algorithm, ctx, msgs, ok, faults, drawn, budget)
+    ok = scr.ok
+    if privacy is not None:
+        msgs = privacy_mod.privatize(algorithm, ctx, msgs, ok, key, privacy)
+        weights = jnp.ones_like(weights)
+    new_server = algorithm.server_update(ctx, server_state, msgs, weights, ok)
+    server_ok = finite_flag(new_server) & jnp.any(ok)
+    new_server = _where_tree(server_ok, new_server, server_state)
+    # commit client states only together with the server update that used them
+    merged = _where_tree(ok & server_ok, new_cs, cs)
+    client_states = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), client_states, merged)
+    return new_server, client_states, RoundInfo(idx, ok, server_ok, diags, scr)
+
+
 def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
                   client_chunk: Optional[int] = None, faults=None, privacy=None, map_clients=None):
-    """The pure round function ``(server, clients, data, key) -> (server, clients, RoundInfo)``.
+    """The pure round function ``(server, clients, data, key) -> (server, clients, RoundInfo)``:
+    :func:`select`, the participants' :func:`client_step`, :func:`aggregate_and_commit`.
 
     faults: a :class:`fedprob.faults.Faults` (dropout, stragglers, norm bound);
     privacy: a :class:`fedprob.privacy.GaussianDP` message transform.
@@ -90,23 +171,11 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
     K, M = ctx.num_clients, num_participants
 
     def round_fn(server_state, client_states, data, key):
-        k_sel, k_cl = jax.random.split(key)
-        idx = jnp.arange(K) if M == K else jnp.sort(jax.random.permutation(k_sel, K)[:M])
+        idx, keys = select(K, M, key)
         take = partial(jax.tree_util.tree_map, lambda a: a[idx])
         cs, d = take(client_states), take(data)
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(k_cl, idx)
-        drawn = faults_mod.draw(key, M, faults)
-        # truncated stragglers: a traced step budget per client, only where the algorithm has local steps
-        full = None
-        if drawn.fraction is not None:
-            full = jax.vmap(lambda dd: algorithm.local_step_count(ctx, dd))(d)
-        budget = None if full is None else faults_mod.step_budget(drawn.fraction, full, drawn.straggler)
-
-        def one(args):
-            c, dd, k = args[:3]
-            extra = {} if budget is None else {"max_steps": args[3]}
-            new_c, msg, diag = algorithm.client_update(ctx, server_state, c, dd, k, **extra)
-            return new_c, msg, diag, finite_flag(new_c, msg)
+        drawn, budget = work(algorithm, ctx, d, key, M, faults)
+        one = client_step(algorithm, ctx, server_state)
 
         args = (cs, d, keys) if budget is None else (cs, d, keys, budget)
         if map_clients is not None:
@@ -115,20 +184,34 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
             new_cs, msgs, diags, ok = jax.vmap(one)(args)
         else:
             new_cs, msgs, diags, ok = jax.lax.map(one, args, batch_size=client_chunk)
-        scr = faults_mod.screen(algorithm, ctx, msgs, ok, faults, drawn, budget)
-        ok, weights = scr.ok, d.n
-        if privacy is not None:
-            msgs = privacy_mod.privatize(algorithm, ctx, msgs, ok, key, privacy)
-            weights = jnp.ones_like(d.n)
-        new_server = algorithm.server_update(ctx, server_state, msgs, weights, ok)
-        server_ok = finite_flag(new_server) & jnp.any(ok)
-        new_server = _where_tree(server_ok, new_server, server_state)
-        # commit client states only together with the server update that used them
-        merged = _where_tree(ok & server_ok, new_cs, cs)
-        client_states = jax.tree_util.tree_map(lambda a, b: a.at[idx].set(b), client_states, merged)
-        return new_server, client_states, RoundInfo(idx, ok, server_ok, diags, scr)
+        return aggregate_and_commit(algorithm, ctx, server_state, client_states, idx, new_cs, msgs, diags,
+                                    ok, data.n, key, faults, privacy, drawn, budget)
 
     return round_fn
+
+
+def round_record(rinfo: RoundInfo, round_number: int, num_clients: int, faults=None, privacy=None) -> dict:
+    """A round's history columns from its :class:`RoundInfo` (host values): ``participants``,
+    ``dropped`` / ``stragglers`` / ``excluded`` / ``faults`` (:func:`fedprob.faults.fault_records`),
+    ``server_update_ok``, ``dp_epsilon`` / ``dp_delta`` after ``round_number`` rounds (with
+    ``privacy``; sampling rate M / K) and ``client_<name>``: each diagnostic's mean over the
+    included clients (NaN when none was included)."""
+    participants, included = np.asarray(rinfo.participants), np.asarray(rinfo.included)
+    scr = rinfo.screen
+    bound = None if faults is None else faults.max_update_norm
+    entry = {"participants": participants.tolist(),
+             **faults_mod.fault_records(participants, np.asarray(scr.present), np.asarray(scr.straggler),
+                                        np.asarray(scr.finite), np.asarray(scr.norm), bound,
+                                        None if scr.steps is None else np.asarray(scr.steps)),
+             "server_update_ok": bool(rinfo.server_finite)}
+    if privacy is not None:
+        entry["dp_epsilon"] = privacy_mod.epsilon(privacy.noise_multiplier, len(participants) / num_clients,
+                                                  round_number, privacy.delta)
+        entry["dp_delta"] = float(privacy.delta)
+    for name, v in rinfo.diagnostics.items():
+        v = np.asarray(v, dtype=float)
+        entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
+    return entry
 
 
 def _signature(tree) -> tuple:
