@@ -109,8 +109,8 @@ def work(algorithm: Algorithm, ctx: Context, data, key, num_participants: int, f
     drawn = faults_mod.draw(key, num_participants, faults)
     if drawn.fraction is None:
         return drawn, None
-    full = jax.vmap(lambda dd: algorithm.local_step_count(ctx, dd))(data)
-    return drawn, faults_mod.step_budget(drawn.fraction, full, drawn.straggler)
+    full = jax.vmap(lambda dd: algorithm.local_step_count(ctx, dd))(data)   # None: no partial result
+    return drawn, None if full is None else faults_mod.step_budget(drawn.fraction, full, drawn.straggler)
 
 
 def client_step(algorithm: Algorithm, ctx: Context, server_state):
