@@ -16,9 +16,21 @@ Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
   ``(chain, draw, client, *site dims)`` with the backend's ``num_chains``,
   where the server keeps the clients' draws (Ensemble, PredictiveBayes);
   summing methods keep only sufficient statistics, so it is absent.
-* ``sample_stats``: the backends' diagnostics per ``(round, client)``
-  (acceptance, divergences, step sizes, gradient-noise ratio, ...), with
-  ``participated`` and ``excluded`` flags; NaN where a client sat out.
+* ``client_sample_stats``: the backends' per-draw sampler statistics beside
+  ``client_posterior``, dims ``(chain, draw, client)``, named as ArviZ names
+  them (NUTS/HMC: ``diverging``, ``acceptance_rate``, ``step_size``,
+  ``n_steps``, ``tree_depth``, ``energy``, ``lp``; SG-MCMC: ``step_size``
+  and, with minibatches, ``gradient_noise_ratio``), from the round whose
+  draws the server kept. :func:`client_view` turns one client into an
+  ordinary ArviZ object (``posterior`` + ``sample_stats`` with dims
+  ``(chain, draw)``) for ``az.bfmi``, ``az.plot_energy``, trace plots with
+  divergences, ...
+* ``sample_stats``: the backends' scalar diagnostics per ``(round, client)``
+  (mean acceptance, number of divergences, step sizes, gradient-noise
+  ratio, ...: the names of ``Result.history``'s ``client_*`` columns), with
+  ``participated`` and ``excluded`` flags; NaN where a client sat out. Its
+  dims are ``(round, client)``, never ``(chain, draw)``: per-draw values live
+  in ``client_sample_stats``.
 * ``observed_data``, ``posterior_predictive`` (draws of y, one per
   posterior draw) and ``log_likelihood`` (pointwise, per draw) on the
   evaluation set, so ``az.loo``/``az.compare`` work across algorithms; for
@@ -151,6 +163,38 @@ def _stats(result):
     return out
 
 
+def _draw_stats(result, ids, chains_draws) -> dict:
+    """name -> (C, S, K') per-draw statistics of the clients ``ids``; {} when not all of them have them."""
+    store = getattr(result, "client_draw_stats", None) or {}
+    if not store or not np.all(store["has"][ids]):
+        return {}
+    out = {}
+    for name, v in store.items():
+        if name != "has" and v.shape[1:] == tuple(chains_draws):
+            out[name] = np.moveaxis(v[ids], 0, -1)
+    return out
+
+
+def client_view(idata, client: int):
+    """One client as an ordinary ArviZ object: its ``client_posterior`` as ``posterior``, its
+    ``client_sample_stats`` (when present) as ``sample_stats``, both with dims ``(chain, draw, ...)``.
+
+    ``az.summary``, ``az.bfmi`` (needs ``energy``), ``az.plot_energy`` and trace
+    plots with divergences then read it as they read any single-model run.
+    """
+    cp = D.group(idata, "client_posterior")
+    if cp is None:
+        raise ValueError("no client_posterior group: the server keeps no client draws for this method")
+    ids = np.asarray(cp["client"])
+    if client not in ids:
+        raise ValueError(f"client {client} has no draws here; clients with draws: {ids.tolist()}")
+    groups = {"posterior": cp.sel(client=client, drop=True)}
+    st = D.group(idata, "client_sample_stats")
+    if st is not None:
+        groups["sample_stats"] = st.sel(client=client, drop=True)
+    return D.make_inference_data(groups)
+
+
 def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, eval_data=None):
     """The groups listed in the module docstring, for ``result`` (see :meth:`Result.to_arviz`)."""
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
@@ -172,6 +216,13 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
             cpost, dims=dims, coords={"client": ids},
             attrs={"description": "each client's local posterior: the backend's chains per client "
                                   "(dims chain, draw, client, ...)", "num_chains": x.shape[0]})
+    if cl is not None:
+        per_draw = _draw_stats(result, ids, x.shape[:2])
+        if per_draw:
+            groups["client_sample_stats"] = D._dataset(
+                per_draw, dims={k: ["client"] for k in per_draw}, coords={"client": ids},
+                attrs={"description": "each client's per-draw sampler statistics beside client_posterior "
+                                      "(dims chain, draw, client), from the round whose draws the server kept"})
     stats = _stats(result)
     if stats:
         groups["sample_stats"] = D._dataset(
@@ -295,4 +346,4 @@ def diagnostics_table(result, warn: bool = True):
     return Table(rows, title=f"Diagnostics: {type(result.algorithm).__name__}", notes=msgs)
 
 
-__all__ = ["to_arviz", "diagnostics_rows", "diagnostics_table", "client_chains", "global_chains"]
+__all__ = ["to_arviz", "client_view", "diagnostics_rows", "diagnostics_table", "client_chains", "global_chains"]

@@ -28,7 +28,8 @@ vmapped over chain keys; chain 0 starts at ``init``, the others at
 ``potential.init`` draws of their own). The draws are stacked chain-major,
 ``Samples`` (num_chains * S, d), so ``draws.reshape(num_chains, S, d)``
 recovers the chains; scalar diagnostics are summed (``num_*``), and-ed
-(``finite``) or averaged over chains; ``params`` is chain 0's.
+(``finite``) or averaged over chains, per-draw statistics (``DRAW_STATS``)
+stacked (num_chains, S); ``params`` is chain 0's.
 
 Conventions: step sizes act on the gradient of the **log posterior**
 (a sum over the client's points); temperature T multiplies the variance of
@@ -48,10 +49,16 @@ from .potential import ClientData, LocalTarget
 Array = jax.Array
 
 
+#: The diagnostics entry holding per-draw sampler statistics: a dict name -> (S,) array (one value
+#: per kept draw) from ``run``, (num_chains, S) after :func:`run_chains`. Optional; every other
+#: diagnostics entry is a scalar.
+DRAW_STATS = "draw_stats"
+
+
 class ClientResult(NamedTuple):
     posterior: Any          # Samples or Gaussian
     params: Array           # (d,) final point
-    diagnostics: dict       # name -> scalar array
+    diagnostics: dict       # name -> scalar array (and DRAW_STATS -> dict of per-draw arrays)
 
 
 class ClientBackend:
@@ -86,7 +93,11 @@ def run_chains(backend, key, potential, target, init) -> ClientResult:
     """``backend.run`` on ``backend.num_chains`` chains (vmapped over chain keys), stacked chain-major."""
     C = num_chains(backend)
     if C == 1:
-        return backend.run(key, potential, target, init)
+        res = backend.run(key, potential, target, init)
+        if DRAW_STATS not in res.diagnostics:
+            return res
+        per_draw = {n: v[None] for n, v in res.diagnostics[DRAW_STATS].items()}
+        return res._replace(diagnostics={**res.diagnostics, DRAW_STATS: per_draw})
     keys = jax.random.split(key, 2 * C)
     starts = jax.vmap(lambda k: potential.init(k, backend.init_strategy))(keys[C + 1:])
     inits = jnp.concatenate([init[None], starts.astype(init.dtype)], 0)
@@ -95,7 +106,9 @@ def run_chains(backend, key, potential, target, init) -> ClientResult:
     stacked = Samples(draws.reshape((C * draws.shape[1],) + draws.shape[2:]))
     diag = {}
     for name, v in res.diagnostics.items():
-        if name == "finite" or v.dtype == jnp.bool_:
+        if name == DRAW_STATS:
+            diag[name] = v                                   # name -> (C, S), chain-major like the draws
+        elif name == "finite" or v.dtype == jnp.bool_:
             diag[name] = jnp.all(v)
         elif name.startswith("num_"):
             diag[name] = jnp.sum(v)
@@ -114,4 +127,4 @@ def finite_flag(*trees) -> Array:
     return ok
 
 
-__all__ = ["ClientBackend", "ClientResult", "run_chains", "num_chains", "ClientData", "LocalTarget", "finite_flag"]
+__all__ = ["DRAW_STATS", "ClientBackend", "ClientResult", "run_chains", "num_chains", "ClientData", "LocalTarget", "finite_flag"]
