@@ -27,7 +27,8 @@ that many independent chains per client through :func:`run_chains` (``run``
 vmapped over chain keys; chain 0 starts at ``init``, the others at
 ``potential.init`` draws of their own). The draws are stacked chain-major,
 ``Samples`` (num_chains * S, d), so ``draws.reshape(num_chains, S, d)``
-recovers the chains; scalar diagnostics are summed (``num_*``), and-ed
+recovers the chains; scalar diagnostics are summed (the counts ``num_*``,
+but not ``num_steps``, a mean per transition), and-ed
 (``finite``) or averaged over chains, per-draw statistics (``DRAW_STATS``)
 stacked (num_chains, S); ``params`` is chain 0's.
 
@@ -110,7 +111,7 @@ def run_chains(backend, key, potential, target, init) -> ClientResult:
             diag[name] = v                                   # name -> (C, S), chain-major like the draws
         elif name == "finite" or v.dtype == jnp.bool_:
             diag[name] = jnp.all(v)
-        elif name.startswith("num_"):
+        elif name.startswith("num_") and name != "num_steps":   # counts; num_steps is a mean per transition
             diag[name] = jnp.sum(v)
         else:
             diag[name] = jnp.mean(v)
