@@ -19,9 +19,11 @@ Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
 * ``client_sample_stats``: the backends' per-draw sampler statistics beside
   ``client_posterior``, dims ``(chain, draw, client)``, named as ArviZ names
   them (NUTS/HMC: ``diverging``, ``acceptance_rate``, ``step_size``,
-  ``n_steps``, ``tree_depth``, ``energy``, ``lp``; SG-MCMC: ``step_size``
-  and, with minibatches, ``gradient_noise_ratio``), from the round whose
-  draws the server kept. :func:`client_view` turns one client into an
+  ``n_steps``, ``tree_depth``, ``energy``, ``lp``; SGLD/SGHMC: ``step_size``
+  and ``gradient_noise_ratio``, 0 for the full batch; IASG: ``step_size``),
+  from each client's latest included round (the draws the server kept, where it
+  keeps them; also for methods that keep only summaries, e.g. EPMCMC with
+  NUTS clients). :func:`client_view` turns one client into an
   ordinary ArviZ object (``posterior`` + ``sample_stats`` with dims
   ``(chain, draw)``) for ``az.bfmi``, ``az.plot_energy``, trace plots with
   divergences, ...
@@ -163,35 +165,30 @@ def _stats(result):
     return out
 
 
-def _draw_stats(result, ids, chains_draws) -> dict:
-    """name -> (C, S, K') per-draw statistics of the clients ``ids``; {} when not all of them have them."""
+def _draw_stats(result):
+    """(client ids, name -> (C, S, K') array) of the per-draw statistics kept, or None when there are none."""
     store = getattr(result, "client_draw_stats", None) or {}
-    if not store or not np.all(store["has"][ids]):
-        return {}
-    out = {}
-    for name, v in store.items():
-        if name != "has" and v.shape[1:] == tuple(chains_draws):
-            out[name] = np.moveaxis(v[ids], 0, -1)
-    return out
+    if not store or not np.any(store["has"]):
+        return None
+    ids = np.flatnonzero(store["has"])
+    return ids, {name: np.moveaxis(v[ids], 0, -1) for name, v in store.items() if name != "has"}
 
 
 def client_view(idata, client: int):
-    """One client as an ordinary ArviZ object: its ``client_posterior`` as ``posterior``, its
-    ``client_sample_stats`` (when present) as ``sample_stats``, both with dims ``(chain, draw, ...)``.
+    """One client as an ordinary ArviZ object: its ``client_posterior`` as ``posterior`` and its
+    ``client_sample_stats`` as ``sample_stats`` (those present), dims ``(chain, draw, ...)``.
 
     ``az.summary``, ``az.bfmi`` (needs ``energy``), ``az.plot_energy`` and trace
     plots with divergences then read it as they read any single-model run.
     """
-    cp = D.group(idata, "client_posterior")
-    if cp is None:
-        raise ValueError("no client_posterior group: the server keeps no client draws for this method")
-    ids = np.asarray(cp["client"])
-    if client not in ids:
-        raise ValueError(f"client {client} has no draws here; clients with draws: {ids.tolist()}")
-    groups = {"posterior": cp.sel(client=client, drop=True)}
-    st = D.group(idata, "client_sample_stats")
-    if st is not None:
-        groups["sample_stats"] = st.sel(client=client, drop=True)
+    groups = {}
+    for src, dst in (("client_posterior", "posterior"), ("client_sample_stats", "sample_stats")):
+        g = D.group(idata, src)
+        if g is not None and client in np.asarray(g["client"]):
+            groups[dst] = g.sel(client=client, drop=True)
+    if not groups:
+        raise ValueError(f"client {client} has no draws or per-draw statistics here (groups client_posterior "
+                         "and client_sample_stats)")
     return D.make_inference_data(groups)
 
 
@@ -216,13 +213,14 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
             cpost, dims=dims, coords={"client": ids},
             attrs={"description": "each client's local posterior: the backend's chains per client "
                                   "(dims chain, draw, client, ...)", "num_chains": x.shape[0]})
-    if cl is not None:
-        per_draw = _draw_stats(result, ids, x.shape[:2])
-        if per_draw:
-            groups["client_sample_stats"] = D._dataset(
-                per_draw, dims={k: ["client"] for k in per_draw}, coords={"client": ids},
-                attrs={"description": "each client's per-draw sampler statistics beside client_posterior "
-                                      "(dims chain, draw, client), from the round whose draws the server kept"})
+    per_draw = _draw_stats(result)
+    if per_draw is not None:
+        sids, per_draw = per_draw
+        groups["client_sample_stats"] = D._dataset(
+            per_draw, dims={k: ["client"] for k in per_draw}, coords={"client": sids},
+            attrs={"description": "each client's per-draw sampler statistics (dims chain, draw, client) from "
+                                  "its latest included round: beside client_posterior where the server keeps "
+                                  "the draws"})
     stats = _stats(result)
     if stats:
         groups["sample_stats"] = D._dataset(

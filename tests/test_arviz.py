@@ -72,7 +72,7 @@ def _bfmi(out):
     return np.asarray(out if isinstance(out, np.ndarray) else out["energy"], np.float64)
 
 
-def test_per_draw_statistics_beside_the_client_draws(problem, nuts_result):
+def test_per_draw_statistics_beside_the_client_draws(problem, nuts_result, tmp_path):
     """client_sample_stats holds NUTS's per-draw statistics (chain, draw, client), aligned with
     client_posterior; the per-round scalars are their summaries; one client's view is an ordinary
     ArviZ run (az.bfmi, az.summary)."""
@@ -108,8 +108,20 @@ def test_per_draw_statistics_beside_the_client_draws(problem, nuts_result):
     assert np.all(bfmi > 0.5)                                  # a Gaussian target: no energy problem
     summary = az.summary(one)
     assert np.all(np.isfinite(np.asarray(summary[["ess_bulk", "r_hat"]], float)))
-    with pytest.raises(ValueError, match="client 5"):
+    with pytest.raises(ValueError, match="client 5 has no draws"):
         client_view(idata, 5)
+    # NetCDF round trip (a run directory's posterior.nc): every group, booleans stay booleans
+    from fedprob.diagnostics import from_netcdf, to_netcdf
+
+    to_netcdf(idata, tmp_path / "posterior.nc")
+    back = from_netcdf(tmp_path / "posterior.nc")
+    assert set(group_names(back)) == set(group_names(idata))
+    back_cs = group(back, "client_sample_stats")
+    assert back_cs["diverging"].dtype == bool
+    for v in cs.data_vars:
+        np.testing.assert_array_equal(np.asarray(back_cs[v]), np.asarray(cs[v]))
+    np.testing.assert_array_equal(np.asarray(group(back, "client_posterior")["w"]), np.asarray(cp["w"]))
+    assert back.attrs["kind"] == "ensemble"
 
 
 def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(problem):
