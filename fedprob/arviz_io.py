@@ -16,9 +16,23 @@ Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
   ``(chain, draw, client, *site dims)`` with the backend's ``num_chains``,
   where the server keeps the clients' draws (Ensemble, PredictiveBayes);
   summing methods keep only sufficient statistics, so it is absent.
-* ``sample_stats``: the backends' diagnostics per ``(round, client)``
-  (acceptance, divergences, step sizes, gradient-noise ratio, ...), with
-  ``participated`` and ``excluded`` flags; NaN where a client sat out.
+* ``client_sample_stats``: the backends' per-draw sampler statistics beside
+  ``client_posterior``, dims ``(chain, draw, client)``, named as ArviZ names
+  them (NUTS/HMC: ``diverging``, ``acceptance_rate``, ``step_size``,
+  ``n_steps``, ``tree_depth``, ``energy``, ``lp``; SGLD/SGHMC: ``step_size``
+  and ``gradient_noise_ratio``, 0 for the full batch; IASG: ``step_size``),
+  from each client's latest included round (the draws the server kept, where it
+  keeps them; also for methods that keep only summaries, e.g. EPMCMC with
+  NUTS clients). :func:`client_view` turns one client into an
+  ordinary ArviZ object (``posterior`` + ``sample_stats`` with dims
+  ``(chain, draw)``) for ``az.bfmi``, ``az.plot_energy``, trace plots with
+  divergences, ...
+* ``sample_stats``: the backends' scalar diagnostics per ``(round, client)``
+  (mean acceptance, number of divergences, step sizes, gradient-noise
+  ratio, ...: the names of ``Result.history``'s ``client_*`` columns), with
+  ``participated`` and ``excluded`` flags; NaN where a client sat out. Its
+  dims are ``(round, client)``, never ``(chain, draw)``: per-draw values live
+  in ``client_sample_stats``.
 * ``observed_data``, ``posterior_predictive`` (draws of y, one per
   posterior draw) and ``log_likelihood`` (pointwise, per draw) on the
   evaluation set, so ``az.loo``/``az.compare`` work across algorithms; for
@@ -151,6 +165,33 @@ def _stats(result):
     return out
 
 
+def _draw_stats(result):
+    """(client ids, name -> (C, S, K') array) of the per-draw statistics kept, or None when there are none."""
+    store = getattr(result, "client_draw_stats", None) or {}
+    if not store or not np.any(store["has"]):
+        return None
+    ids = np.flatnonzero(store["has"])
+    return ids, {name: np.moveaxis(v[ids], 0, -1) for name, v in store.items() if name != "has"}
+
+
+def client_view(idata, client: int):
+    """One client as an ordinary ArviZ object: its ``client_posterior`` as ``posterior`` and its
+    ``client_sample_stats`` as ``sample_stats`` (those present), dims ``(chain, draw, ...)``.
+
+    ``az.summary``, ``az.bfmi`` (needs ``energy``), ``az.plot_energy`` and trace
+    plots with divergences then read it as they read any single-model run.
+    """
+    groups = {}
+    for src, dst in (("client_posterior", "posterior"), ("client_sample_stats", "sample_stats")):
+        g = D.group(idata, src)
+        if g is not None and client in np.asarray(g["client"]):
+            groups[dst] = g.sel(client=client, drop=True)
+    if not groups:
+        raise ValueError(f"client {client} has no draws or per-draw statistics here (groups client_posterior "
+                         "and client_sample_stats)")
+    return D.make_inference_data(groups)
+
+
 def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, eval_data=None):
     """The groups listed in the module docstring, for ``result`` (see :meth:`Result.to_arviz`)."""
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
@@ -172,6 +213,14 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
             cpost, dims=dims, coords={"client": ids},
             attrs={"description": "each client's local posterior: the backend's chains per client "
                                   "(dims chain, draw, client, ...)", "num_chains": x.shape[0]})
+    per_draw = _draw_stats(result)
+    if per_draw is not None:
+        sids, per_draw = per_draw
+        groups["client_sample_stats"] = D._dataset(
+            per_draw, dims={k: ["client"] for k in per_draw}, coords={"client": sids},
+            attrs={"description": "each client's per-draw sampler statistics (dims chain, draw, client) from "
+                                  "its latest included round: beside client_posterior where the server keeps "
+                                  "the draws"})
     stats = _stats(result)
     if stats:
         groups["sample_stats"] = D._dataset(
@@ -295,4 +344,4 @@ def diagnostics_table(result, warn: bool = True):
     return Table(rows, title=f"Diagnostics: {type(result.algorithm).__name__}", notes=msgs)
 
 
-__all__ = ["to_arviz", "diagnostics_rows", "diagnostics_table", "client_chains", "global_chains"]
+__all__ = ["to_arviz", "client_view", "diagnostics_rows", "diagnostics_table", "client_chains", "global_chains"]

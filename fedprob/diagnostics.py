@@ -3,8 +3,11 @@
 One place talks to ArviZ. Conventions: draws are arrays ``(chains, draws, ...)``;
 :func:`ess` (bulk or tail) and :func:`rhat` (rank-normalised split R-hat) are
 ArviZ's own, computed on every trailing element at once; only bulk ESS and
-R-hat are compared across ArviZ versions. :func:`make_inference_data` builds
-InferenceData (0.23) or a DataTree (1.x) from plain arrays with named dims.
+R-hat are compared across ArviZ versions; tail ESS uses the 5%/95% quantiles
+(:data:`TAIL_PROB`) on both. :func:`make_inference_data` builds
+InferenceData (0.23) or an xarray DataTree (1.x, what its ``from_dict`` gives)
+from plain arrays with named dims; :func:`to_netcdf` / :func:`from_netcdf`
+store either in one NetCDF file.
 :func:`importance_ess` is the importance-sampling ESS of approximate draws
 against a reference log density (FedPA paper, App. A.2);
 :func:`gaussian_gap` measures how far draws are from their Gaussian summary.
@@ -23,6 +26,11 @@ RHAT_MAX = 1.01
 GAP_MAX = 0.5
 
 
+#: the quantiles of tail ESS (Vehtari et al. 2021: the smaller ESS of the 5% and 95% quantiles),
+#: passed to ArviZ explicitly: 0.23 uses them by default, 1.x defaults to its ``ci_prob`` (0.89)
+TAIL_PROB = (0.05, 0.95)
+
+
 def _az():
     """The arviz module, imported on first use without its import-time FutureWarning."""
     with warnings.catch_warnings():
@@ -30,6 +38,11 @@ def _az():
         import arviz as az
 
     return az
+
+
+def arviz_major() -> int:
+    """The installed ArviZ's major version: 0 (InferenceData) or 1 (xarray DataTree)."""
+    return int(str(_az().__version__).split(".")[0])
 
 
 def _dataset(arrays: dict, dims: Optional[dict] = None, coords: Optional[dict] = None,
@@ -66,11 +79,16 @@ def _clean_attrs(attrs: dict) -> dict:
 
 
 def make_inference_data(groups: dict):
-    """InferenceData (ArviZ 0.23) or DataTree (1.x) from ``group name -> xarray Dataset``."""
+    """InferenceData (ArviZ 0.23) or DataTree (1.x) from ``group name -> xarray Dataset``.
+
+    ArviZ 1.x has no InferenceData class of its own (``arviz.InferenceData`` is
+    ``xarray.DataTree``): its ``from_dict`` gives a DataTree with one child
+    node per group, and so does this.
+    """
     az = _az()
-    if hasattr(az, "InferenceData"):
+    if arviz_major() < 1:
         return az.InferenceData(**groups)
-    import xarray as xr  # arviz 1.x: a DataTree with one child per group
+    import xarray as xr
 
     return xr.DataTree.from_dict({f"/{k}": v for k, v in groups.items()})
 
@@ -82,7 +100,7 @@ def to_inference_data(draws: dict, dims: Optional[dict] = None, coords: Optional
 
 def group(idata, name: str):
     """A group of InferenceData or DataTree as an xarray Dataset (None when absent)."""
-    if hasattr(idata, "groups") and callable(idata.groups) and hasattr(idata, "_groups_all"):
+    if hasattr(idata, "_groups_all"):                      # arviz 0.23 InferenceData
         return getattr(idata, name) if name in idata.groups() else None
     if name in getattr(idata, "children", {}):
         return idata[name].to_dataset()
@@ -90,9 +108,31 @@ def group(idata, name: str):
 
 
 def group_names(idata) -> list:
+    """The group names of InferenceData or DataTree."""
     if hasattr(idata, "_groups_all"):
         return list(idata.groups())
     return list(idata.children)
+
+
+def to_netcdf(idata, path) -> None:
+    """Write InferenceData or DataTree to one NetCDF file (one NetCDF group per ArviZ group)."""
+    idata.to_netcdf(str(path))
+
+
+def from_netcdf(path):
+    """Read :func:`to_netcdf`'s file back: InferenceData (0.23) or DataTree (1.x), loaded into memory."""
+    az = _az()
+    if arviz_major() < 1:
+        return az.from_netcdf(str(path))
+    import xarray as xr
+
+    with xr.open_datatree(str(path)) as dt:
+        return dt.load().copy()
+
+
+def elpd(loo) -> float:
+    """The estimated elpd of an ``az.loo`` result (``elpd_loo`` on 0.23, ``elpd`` on 1.x)."""
+    return float(loo.elpd_loo if hasattr(loo, "elpd_loo") else loo.elpd)
 
 
 # -- ESS and R-hat ------------------------------------------------------------------------------
@@ -113,7 +153,7 @@ def ess(draws, method: str = "bulk") -> np.ndarray:
     """Effective sample size (``method`` "bulk" or "tail") of (chains, draws, ...) samples, elementwise."""
     if method not in ("bulk", "tail"):
         raise ValueError(f"method must be 'bulk' or 'tail', got {method!r}")
-    return _stat("ess", draws, method=method)
+    return _stat("ess", draws, method=method, **({"prob": TAIL_PROB} if method == "tail" else {}))
 
 
 def rhat(draws) -> np.ndarray:
@@ -212,4 +252,4 @@ def check(rows, ess_min: float = ESS_MIN, rhat_max: float = RHAT_MAX, gap_max: f
 
 
 __all__ = ["ess", "rhat", "importance_ess", "gaussian_gap", "summarize", "check", "to_inference_data",
-           "make_inference_data", "group", "group_names"]
+           "make_inference_data", "group", "group_names", "to_netcdf", "from_netcdf", "arviz_major", "TAIL_PROB", "elpd"]

@@ -151,11 +151,11 @@ def _small(idata, var_names, max_elements: int = 3):
 
 def trace(idata, var_names=None):
     """ArviZ's trace plot of the posterior group (first sites when ``var_names`` is None)."""
-    from .diagnostics import _az
+    from .diagnostics import _az, arviz_major
 
     idata, var_names = _small(idata, var_names)
     az = _az()
-    if hasattr(az, "plot_trace"):
+    if arviz_major() < 1:
         axes = az.plot_trace(idata, var_names=var_names, compact=False, figsize=(9, 1.5 * len(var_names)))
     else:  # arviz 1.x (arviz_plots)
         pc = az.plot_trace_dist(idata, var_names=var_names, backend="matplotlib")
@@ -165,11 +165,11 @@ def trace(idata, var_names=None):
 
 def rank(idata, var_names=None):
     """ArviZ's rank plot of the posterior group (needs more than one chain)."""
-    from .diagnostics import _az
+    from .diagnostics import _az, arviz_major
 
     idata, var_names = _small(idata, var_names)
     az = _az()
-    if hasattr(az, "plot_rank"):
+    if arviz_major() < 1:
         axes = az.plot_rank(idata, var_names=var_names, figsize=(3 * len(var_names), 2.5))
     else:  # arviz 1.x
         pc = az.plot_rank(idata, var_names=var_names, backend="matplotlib")

@@ -27,8 +27,10 @@ that many independent chains per client through :func:`run_chains` (``run``
 vmapped over chain keys; chain 0 starts at ``init``, the others at
 ``potential.init`` draws of their own). The draws are stacked chain-major,
 ``Samples`` (num_chains * S, d), so ``draws.reshape(num_chains, S, d)``
-recovers the chains; scalar diagnostics are summed (``num_*``), and-ed
-(``finite``) or averaged over chains; ``params`` is chain 0's.
+recovers the chains; scalar diagnostics are summed (the counts ``num_*``,
+but not ``num_steps``, a mean per transition), and-ed
+(``finite``) or averaged over chains, per-draw statistics (``DRAW_STATS``)
+stacked (num_chains, S); ``params`` is chain 0's.
 
 Stopping early (stragglers truncated at a deadline, :mod:`fedprob.faults`):
 a backend whose run has a meaningful partial result sets
@@ -56,10 +58,16 @@ from .potential import ClientData, LocalTarget
 Array = jax.Array
 
 
+#: The diagnostics entry holding per-draw sampler statistics: a dict name -> (S,) array (one value
+#: per kept draw) from ``run``, (num_chains, S) after :func:`run_chains`. Optional; every other
+#: diagnostics entry is a scalar.
+DRAW_STATS = "draw_stats"
+
+
 class ClientResult(NamedTuple):
     posterior: Any          # Samples or Gaussian
     params: Array           # (d,) final point
-    diagnostics: dict       # name -> scalar array
+    diagnostics: dict       # name -> scalar array (and DRAW_STATS -> dict of per-draw arrays)
 
 
 class ClientBackend:
@@ -96,7 +104,11 @@ def run_chains(backend, key, potential, target, init) -> ClientResult:
     """``backend.run`` on ``backend.num_chains`` chains (vmapped over chain keys), stacked chain-major."""
     C = num_chains(backend)
     if C == 1:
-        return backend.run(key, potential, target, init)
+        res = backend.run(key, potential, target, init)
+        if DRAW_STATS not in res.diagnostics:
+            return res
+        per_draw = {n: v[None] for n, v in res.diagnostics[DRAW_STATS].items()}
+        return res._replace(diagnostics={**res.diagnostics, DRAW_STATS: per_draw})
     keys = jax.random.split(key, 2 * C)
     starts = jax.vmap(lambda k: potential.init(k, backend.init_strategy))(keys[C + 1:])
     inits = jnp.concatenate([init[None], starts.astype(init.dtype)], 0)
@@ -105,9 +117,11 @@ def run_chains(backend, key, potential, target, init) -> ClientResult:
     stacked = Samples(draws.reshape((C * draws.shape[1],) + draws.shape[2:]))
     diag = {}
     for name, v in res.diagnostics.items():
-        if name == "finite" or v.dtype == jnp.bool_:
+        if name == DRAW_STATS:
+            diag[name] = v                                   # name -> (C, S), chain-major like the draws
+        elif name == "finite" or v.dtype == jnp.bool_:
             diag[name] = jnp.all(v)
-        elif name.startswith("num_"):
+        elif name.startswith("num_") and name != "num_steps":   # counts; num_steps is a mean per transition
             diag[name] = jnp.sum(v)
         else:
             diag[name] = jnp.mean(v)
@@ -124,4 +138,4 @@ def finite_flag(*trees) -> Array:
     return ok
 
 
-__all__ = ["ClientBackend", "ClientResult", "run_chains", "num_chains", "ClientData", "LocalTarget", "finite_flag"]
+__all__ = ["DRAW_STATS", "ClientBackend", "ClientResult", "run_chains", "num_chains", "ClientData", "LocalTarget", "finite_flag"]

@@ -17,6 +17,7 @@ from .faults import Faults
 from .metrics import evaluate
 from .posteriors import GlobalPosterior
 from .potential import Potential
+from .protocols import DRAW_STATS
 
 def get_potential(model, fed: FederatedData, model_kwargs: Optional[dict] = None) -> Potential:
     """The :class:`Potential` of ``model`` (with ``model_kwargs``) on data shaped like ``fed``.
@@ -45,8 +46,14 @@ class Result:
     compile_time / init_time: seconds spent compiling the round (0 when it
     came from the cache) and initialising. eval_data: the (X, y) evaluated on
     (None when none was given). client_diagnostics: one dict per round of
-    per-participant arrays (``participants``, ``included`` and every backend
-    diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
+    per-participant arrays (``participants``, ``included`` and every scalar
+    backend diagnostic), the source of ``to_arviz()``'s ``sample_stats``.
+    client_draw_stats: the backends' per-draw sampler statistics
+    (:data:`~fedprob.protocols.DRAW_STATS`: NUTS/HMC divergences, acceptance,
+    energy, ...), name -> (K, num_chains, S) array from each client's latest
+    included round (``"has"``: (K,) which clients have them); empty when the
+    backend gives none. Only the latest round is kept, so the memory is one
+    set of per-draw scalars per client however many rounds run.
     info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``,
     ``straggler_policy`` (with stragglers: ``"truncate"``, ``"discard"`` or
     ``"discard (no partial result)"``, the fallback of algorithms without
@@ -67,6 +74,7 @@ class Result:
     init_time: float
     eval_data: Any = None
     client_diagnostics: list = dataclasses.field(default_factory=list)
+    client_draw_stats: dict = dataclasses.field(default_factory=dict)
     info: dict = dataclasses.field(default_factory=dict)
 
     def metric(self, name: str) -> np.ndarray:
@@ -100,6 +108,18 @@ class Result:
         from .report import result_report
 
         return result_report(self, path, name=name)
+
+
+def _keep_draw_stats(store: dict, per_draw: dict, participants, included, K: int) -> None:
+    """Overwrite ``store``'s (K, C, S) per-draw statistics with this round's for the included participants."""
+    ids = np.asarray(participants)[np.asarray(included, bool)]
+    for name, v in per_draw.items():
+        v = np.asarray(v)                                   # (M, C, S) over the round's participants
+        if name not in store or store[name].shape[1:] != v.shape[1:]:
+            store[name] = np.zeros((K,) + v.shape[1:], v.dtype)
+            store["has"] = np.zeros(K, bool)
+        store[name][ids] = v[np.asarray(included, bool)]
+    store["has"][ids] = True
 
 
 def _check_eval(eval_data, potential: Potential):
@@ -262,6 +282,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         info["straggler_policy"] = _straggler_policy(round_algo, ctx, round_data, faults)
     compile_time += info.get("client_phase_compile_s", 0.0)
     client_diag = []    # per-round client diagnostics of this process's rounds (not checkpointed)
+    draw_stats = {}     # per-draw statistics of each client's latest included round (not checkpointed)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -281,11 +302,15 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         dt = time.perf_counter() - t + (info.get("client_phase_s", 0.0) if r == 0 else 0.0)
         entry = {"round": r + 1, "time": dt, **local.round_record(rinfo, r + 1, K, faults, privacy)}
         participants, included = np.asarray(rinfo.participants), np.asarray(rinfo.included)
+        diags = dict(rinfo.diagnostics)
+        per_draw = diags.pop(DRAW_STATS, None)
+        if per_draw:
+            _keep_draw_stats(draw_stats, per_draw, participants, included, K)
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
             entry.update(evaluate(algorithm.posterior(ctx, server, host_clients(clients)), *evald))
         history.append(entry)
         client_diag.append({"participants": participants, "included": included,
-                            **{n: np.asarray(v) for n, v in rinfo.diagnostics.items()}})
+                            **{n: np.asarray(v) for n, v in diags.items()}})
         if checkpoint_dir is not None:
             ckpt.save(checkpoint_dir, r + 1, server, clients, history, prints)
         if bar is not None:
@@ -303,6 +328,6 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     clients = host_clients(clients)
     posterior = algorithm.posterior(ctx, server, clients)
     return Result(posterior, history, server, clients, algorithm, ctx, compile_time, init_time, evald,
-                  client_diag, info)
+                  client_diag, draw_stats, info)
 
 

@@ -26,6 +26,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import diagnostics as D
 from .posteriors import Gaussian
 
 
@@ -110,26 +111,10 @@ def save_run(out, result, config: Optional[dict] = None, total_time: Optional[fl
             w.writerow({c: h.get(c, "") for c in cols})
     (out / "metrics.json").write_text(json.dumps(_jsonable(rec["metrics"]), indent=1))
     np.savez(out / "posterior.npz", **posterior_arrays(result.posterior))
-    _to_netcdf(rec["idata"], out / "posterior.nc")
+    D.to_netcdf(rec["idata"], out / "posterior.nc")
     (out / "diagnostics.json").write_text(json.dumps({"rows": rec["diagnostics"], "warnings": rec["warnings"]},
                                                      indent=1))
     return out
-
-
-def _to_netcdf(idata, path: Path) -> None:
-    if hasattr(idata, "to_netcdf"):
-        idata.to_netcdf(str(path))
-
-
-def _from_netcdf(path: Path):
-    from .diagnostics import _az
-
-    az = _az()
-    if hasattr(az, "InferenceData"):
-        return az.from_netcdf(str(path))
-    import xarray as xr  # arviz 1.x
-
-    return xr.open_datatree(str(path))
 
 
 def is_run_dir(path) -> bool:
@@ -148,7 +133,7 @@ def load_run(path) -> dict:
            "config": tomllib.loads((d / "config.toml").read_text()) if (d / "config.toml").exists() else {},
            "metrics": json.loads((d / "metrics.json").read_text()) if (d / "metrics.json").exists() else {}}
     if (d / "posterior.nc").exists():
-        rec["idata"] = _from_netcdf(d / "posterior.nc")
+        rec["idata"] = D.from_netcdf(d / "posterior.nc")
     if (d / "diagnostics.json").exists():
         diag = json.loads((d / "diagnostics.json").read_text())
         rec["diagnostics"], rec["warnings"] = diag["rows"], diag["warnings"]

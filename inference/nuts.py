@@ -17,7 +17,13 @@ Output: :class:`~fedprob.posteriors.Samples` with ``num_samples`` draws
 post-warmup transitions: ``accept_prob`` (mean), ``num_divergences``,
 ``num_warmup_divergences``, ``num_steps`` (mean leapfrog steps per
 transition), ``tree_depth`` (NUTS only, mean), ``step_size`` (adapted) and
-``finite``.
+``finite``; and under ``draw_stats`` the statistics of each kept transition,
+(num_samples,) arrays named as ArviZ names them: ``diverging``,
+``acceptance_rate``, ``step_size``, ``n_steps`` (leapfrog steps),
+``tree_depth`` (NUTS: floor(log2 n_steps) + 1), ``energy`` (the Hamiltonian)
+and ``lp`` (the log density, ``-U``). With thinning they are the kept
+transition's own, as in NumPyro's MCMC; the scalar counts cover every
+transition.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import jax.numpy as jnp
 from numpyro.infer.hmc import hmc
 
 from fedprob.posteriors import Samples
-from fedprob.protocols import ClientBackend, ClientResult, finite_flag
+from fedprob.protocols import DRAW_STATS, ClientBackend, ClientResult, finite_flag
 
 
 def _check_common(b) -> None:
@@ -90,10 +96,15 @@ def _run_kernel(backend, algo: str, key, potential, target, init, extra: dict) -
 
     def draw(s, k):
         s, stats = jax.lax.scan(transition, s, jax.random.split(k, backend.thinning))
-        return s, (s.z, stats)
+        kept = {"diverging": s.diverging, "acceptance_rate": s.accept_prob,
+                "step_size": s.adapt_state.step_size, "n_steps": s.num_steps.astype(jnp.int32),
+                "energy": s.energy, "lp": -s.potential_energy}
+        return s, (s.z, stats, kept)
 
-    state, (draws, (acc, div, nsteps)) = jax.lax.scan(
+    state, (draws, (acc, div, nsteps), per_draw) = jax.lax.scan(
         draw, state, jax.random.split(k_draw, backend.num_samples))
+    if algo == "NUTS":
+        per_draw["tree_depth"] = _tree_depth(per_draw["n_steps"])
     nsteps = nsteps.astype(jnp.result_type(float))
     diagnostics = {
         "accept_prob": jnp.mean(acc),
@@ -106,7 +117,14 @@ def _run_kernel(backend, algo: str, key, potential, target, init, extra: dict) -
         # NumPyro: tree depth = floor(log2(num_steps)) + 1.
         diagnostics["tree_depth"] = jnp.mean(jnp.floor(jnp.log2(jnp.maximum(nsteps, 1.0))) + 1.0)
     diagnostics["finite"] = finite_flag(draws)
+    diagnostics[DRAW_STATS] = per_draw
     return ClientResult(Samples(draws), state.z, diagnostics)
+
+
+def _tree_depth(n_steps):
+    """NUTS tree depth of a transition with ``n_steps`` leapfrog steps: floor(log2(n_steps)) + 1 (NumPyro's)."""
+    n = jnp.maximum(n_steps, 1).astype(jnp.int32)
+    return (32 - jax.lax.clz(n)).astype(jnp.int32)          # the bit length of n
 
 
 @dataclasses.dataclass(frozen=True)

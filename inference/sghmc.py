@@ -180,8 +180,7 @@ def sghmc_result(backend, out, vg, key) -> ClientResult:
     diag["kinetic_temperature"] = out.means["kinetic"]
     T = backend.temperature
     noise = sghmc_noise(vg, backend.friction, T)
-    diag["gradient_noise_ratio"] = gradient_noise_diagnostic(
-        out, backend.batch_size if T > 0 else None, lambda s: noise(key, s))
+    gradient_noise_diagnostic(out, backend.batch_size if T > 0 else None, lambda s: noise(key, s), diag)
     return ClientResult(Samples(out.draws), out.state.position, diag)
 
 

@@ -247,8 +247,7 @@ class SGLD(ClientBackend):
                         target_ess=resolve_target_ess(self.target_ess, self.num_samples),
                         max_stretch=self.max_stretch, sample_kernel=sample_kernel)
         diag = chain_diagnostics(out)
-        diag["gradient_noise_ratio"] = gradient_noise_diagnostic(
-            out, self.batch_size if T > 0 else None, lambda s: noise(k_noise, s))
+        gradient_noise_diagnostic(out, self.batch_size if T > 0 else None, lambda s: noise(k_noise, s), diag)
         return ClientResult(Samples(out.draws), out.state.position, diag)
 
 

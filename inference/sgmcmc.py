@@ -92,6 +92,7 @@ import numpy as np
 
 from fedprob import progress
 from fedprob.potential import INIT_STRATEGIES
+from fedprob.protocols import DRAW_STATS
 from fedprob.validation import check_fraction, check_int, check_positive
 
 Array = jax.Array
@@ -409,6 +410,7 @@ class ChainOutput(NamedTuple):
     stretch: Array       # () stretch factor of the sampling phase (ESS target)
     noise_coef: Optional[Array] = None   # () worst-coordinate gradient-noise ratio per unit
                                          # step at the end of burn-in (None without ``noise``)
+    draw_steps: Optional[Array] = None   # (num_samples,) the step of each draw's last step
 
 
 def _where(ok, a, b):
@@ -565,8 +567,8 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
 
         def one(i, s):
             f, noisy = schedule.factor(j0 + i, k)
-            step = jnp.minimum(eps * f, jnp.where(noisy, cap, EXPLORATION_LOOSENESS * cap)) * m
-            return sample_kernel(jax.random.fold_in(key, i), s, step.astype(dtype), noisy), noisy
+            step = (jnp.minimum(eps * f, jnp.where(noisy, cap, EXPLORATION_LOOSENESS * cap)) * m).astype(dtype)
+            return sample_kernel(jax.random.fold_in(key, i), s, step, noisy), noisy, step
 
         def body(i, c):
             s, psum = c
@@ -574,17 +576,17 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             return s, (psum + position(s) if reduce == "mean" else psum)
 
         s, psum = jax.lax.fori_loop(0, n - 1, body, (s, jnp.zeros_like(pos0)))
-        (s, info), noisy = one(n - 1, s)
+        (s, info), noisy, last_step = one(n - 1, s)
         if reduce == "mean":
             psum = psum + position(s)
         w = jnp.asarray(noisy, dtype) if schedule.exploration not in (None, 1.0) else jnp.ones((), dtype)
         acc = {name: jnp.where(w > 0, w * jnp.asarray(info[name], dtype), 0.0) for name in info_names}
         ok = info["finite"] & jnp.all(jnp.isfinite(position(s)))
-        return s, acc | {"weight": w}, psum, ok
+        return s, acc | {"weight": w}, psum, ok, last_step
 
     def block(carry, key, j0, n):
         s, m, r, acc, fin = carry
-        s_new, a, psum, ok = run_steps(s, m, key, j0, n)
+        s_new, a, psum, ok, last_step = run_steps(s, m, key, j0, n)
         if adaptive:
             s_new = _where(ok, s_new, reset(s))
             r = r + (~ok).astype(jnp.int32)
@@ -598,7 +600,7 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             draw = jnp.where(ok, psum / n, position(s_new)) if adaptive else psum / n
         else:
             draw = position(s_new)
-        return (s_new, m_next, r, acc, fin), draw
+        return (s_new, m_next, r, acc, fin), (draw, last_step)
 
     b_every = max(1, (every * schedule.draws) // max(schedule.period, 1))
 
@@ -625,16 +627,17 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     info_names = [name for name in probe if name != "finite"]
     acc0 = {name: jnp.zeros((), dtype) for name in info_names} | {"weight": jnp.zeros((), dtype)}
     carry = (state, mult, jnp.zeros((), jnp.int32), acc0, jnp.array(True))
-    (state, mult_end, s_restarts, acc, fin), draws = jax.lax.scan(
+    (state, mult_end, s_restarts, acc, fin), (draws, draw_steps) = jax.lax.scan(
         period, carry, (jax.random.split(k_draw, schedule.num_periods), jnp.arange(schedule.num_periods)))
     draws = draws.reshape(-1, pos0.shape[0])
+    draw_steps = draw_steps.reshape(-1)
     weight = jnp.maximum(acc["weight"], 1.0)
     means = {name: acc[name] / weight for name in info_names}
     finite = fin & jnp.all(jnp.isfinite(draws)) & jnp.all(jnp.isfinite(position(state)))
     peak_step = schedule.peak * eps if schedule.exploration is not None else base
     return ChainOutput(state, draws, means, finite, mult_end * peak_step, max_noisy * mult_end,
                        restarts, s_restarts, jnp.asarray(k, jnp.int32),
-                       coef if noise is not None else None)
+                       coef if noise is not None else None, draw_steps)
 
 
 # -- diagnostics -----------------------------------------------------------------------------
@@ -675,7 +678,10 @@ def chain_diagnostics(out: ChainOutput) -> dict:
     (``finite`` is its negation; failures of an adapted chain are rolled back and counted in
     ``burnin_restarts`` / ``sampling_restarts``); ess: the smallest per-coordinate effective
     sample size of the draws; step_size: the (peak) step of the sampling phase; stretch: the
-    factor by which the sampling phase was lengthened to reach ``target_ess``.
+    factor by which the sampling phase was lengthened to reach ``target_ess``. Per draw
+    (:data:`~fedprob.protocols.DRAW_STATS`): ``step_size``, the step that produced the draw
+    (the schedule's, after the cap and rollback halvings): S scalars per chain, a 1/d share
+    of the draws' own memory.
     """
     ess = effective_sample_size(out.draws)
     diag = {name: out.means[name] for name in ("grad_norm", "log_density")}
@@ -687,16 +693,21 @@ def chain_diagnostics(out: ChainOutput) -> dict:
         "burnin_restarts": out.restarts,
         "sampling_restarts": out.sampling_restarts,
         "stretch": out.stretch,
+        DRAW_STATS: {"step_size": jnp.asarray(out.draw_steps, jnp.result_type(float))},
     }
 
 
-def gradient_noise_diagnostic(out: ChainOutput, batch_size, coef_at_end: Callable) -> Array:
-    """``gradient_noise_ratio``: the worst coordinate's ratio at the largest noisy sampling step
-    (0 for the full batch); ``coef_at_end(state)`` when the run did not estimate it."""
+def gradient_noise_diagnostic(out: ChainOutput, batch_size, coef_at_end: Callable, diag: dict) -> None:
+    """Set ``gradient_noise_ratio`` in ``diag``: the worst coordinate's ratio at the largest noisy
+    sampling step (0 for the full batch; ``coef_at_end(state)`` when the run did not estimate
+    it), and per draw (``diag[DRAW_STATS]``) the same ratio at each draw's step."""
+    dtype = out.max_noisy_step.dtype
     if batch_size is None:
-        return jnp.zeros((), out.max_noisy_step.dtype)
-    coef = out.noise_coef if out.noise_coef is not None else jnp.max(coef_at_end(out.state))
-    return out.max_noisy_step * coef
+        coef = jnp.zeros((), dtype)
+    else:
+        coef = out.noise_coef if out.noise_coef is not None else jnp.max(coef_at_end(out.state))
+    diag["gradient_noise_ratio"] = out.max_noisy_step * coef
+    diag[DRAW_STATS] = {**diag.get(DRAW_STATS, {}), "gradient_noise_ratio": (out.draw_steps * coef).astype(dtype)}
 
 
 __all__ = [

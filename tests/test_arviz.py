@@ -6,7 +6,7 @@ import pytest
 
 import fedprob as fp
 from fedprob import algorithms as A, inference as I
-from fedprob.diagnostics import _az, group, group_names
+from fedprob.diagnostics import _az, elpd, group, group_names
 from conftest import linreg_exact_posterior, linreg_model
 
 SIGMA = 0.5
@@ -52,7 +52,7 @@ def test_nuts_four_chains_per_client(problem, nuts_result):
     assert np.all(np.isfinite(np.asarray(summary[["mean", "sd", "ess_bulk", "ess_tail", "r_hat"]], float)))
     assert float(summary["r_hat"].max()) < 1.01
     loo = az.loo(idata)
-    assert np.isfinite(float(loo.elpd_loo)) and loo.n_data_points == 40
+    assert np.isfinite(elpd(loo)) and loo.n_data_points == 40
     ll = group(idata, "log_likelihood")["y"]
     assert ll.shape == (4, 1000, 40)                            # each chain holds both clients' chain c
     st = group(idata, "sample_stats")
@@ -65,6 +65,63 @@ def test_nuts_four_chains_per_client(problem, nuts_result):
     assert [r["scope"] for r in table.rows] == ["global", "client 0", "client 1"]
     assert all(r["rhat"] < 1.01 and r["num_divergences"] == 0 for r in table.rows[1:])
     assert "<table>" in table._repr_html_() and "| scope |" in table._repr_markdown_()
+
+
+def _bfmi(out):
+    """az.bfmi's per-chain values (an array on 0.23, a DataTree or Dataset with ``energy`` on 1.x)."""
+    return np.asarray(out if isinstance(out, np.ndarray) else out["energy"], np.float64)
+
+
+def test_per_draw_statistics_beside_the_client_draws(problem, nuts_result, tmp_path):
+    """client_sample_stats holds NUTS's per-draw statistics (chain, draw, client), aligned with
+    client_posterior; the per-round scalars are their summaries; one client's view is an ordinary
+    ArviZ run (az.bfmi, az.summary)."""
+    from fedprob.arviz_io import client_view
+
+    az = _az()
+    fed, _ = problem
+    idata = nuts_result.to_arviz()
+    cs = group(idata, "client_sample_stats")
+    assert set(cs.data_vars) == {"diverging", "acceptance_rate", "step_size", "n_steps", "tree_depth", "energy", "lp"}
+    assert all(cs[v].dims == ("chain", "draw", "client") and cs[v].shape == (4, 500, 2) for v in cs.data_vars)
+    assert cs["diverging"].dtype == bool
+    st = group(idata, "sample_stats")
+    assert st["accept_prob"].dims == ("round", "client")
+    np.testing.assert_array_equal(np.asarray(cs["diverging"]).sum((0, 1)), np.asarray(st["num_divergences"])[0])
+    np.testing.assert_allclose(np.asarray(cs["acceptance_rate"]).mean((0, 1)), np.asarray(st["accept_prob"])[0],
+                               rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(cs["n_steps"]).mean((0, 1)), np.asarray(st["num_steps"])[0], rtol=1e-5)
+    # lp is each draw's log posterior: minus the conjugate one by hand, one constant per client
+    cp = group(idata, "client_posterior")
+    for k in range(2):
+        X, y = (np.asarray(a, np.float64) for a in fed.client(k))
+        w = np.asarray(cp["w"], np.float64)[:, :, k]                                 # (chain, draw, 2)
+        r = y - np.einsum("nd,csd->csn", X, w)
+        hand = -0.5 * (r ** 2).sum(-1) / SIGMA ** 2 - 0.5 * (w ** 2).sum(-1)
+        gap = np.asarray(cs["lp"], np.float64)[:, :, k] - hand
+        assert np.ptp(gap) < 1e-2, np.ptp(gap)
+    one = client_view(idata, 1)
+    assert group(one, "posterior")["w"].shape == (4, 500, 2)
+    e = np.asarray(group(one, "sample_stats")["energy"], np.float64)                # (chain, draw)
+    bfmi = _bfmi(az.bfmi(one))
+    np.testing.assert_allclose(bfmi, np.square(np.diff(e, axis=1)).mean(1) / e.var(1, ddof=1), rtol=1e-5)
+    assert np.all(bfmi > 0.5)                                  # a Gaussian target: no energy problem
+    summary = az.summary(one)
+    assert np.all(np.isfinite(np.asarray(summary[["ess_bulk", "r_hat"]], float)))
+    with pytest.raises(ValueError, match="client 5 has no draws"):
+        client_view(idata, 5)
+    # NetCDF round trip (a run directory's posterior.nc): every group, booleans stay booleans
+    from fedprob.diagnostics import from_netcdf, to_netcdf
+
+    to_netcdf(idata, tmp_path / "posterior.nc")
+    back = from_netcdf(tmp_path / "posterior.nc")
+    assert set(group_names(back)) == set(group_names(idata))
+    back_cs = group(back, "client_sample_stats")
+    assert back_cs["diverging"].dtype == bool
+    for v in cs.data_vars:
+        np.testing.assert_array_equal(np.asarray(back_cs[v]), np.asarray(cs[v]))
+    np.testing.assert_array_equal(np.asarray(group(back, "client_posterior")["w"]), np.asarray(cp["w"]))
+    assert back.attrs["kind"] == "ensemble"
 
 
 def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(problem):
@@ -90,7 +147,7 @@ def test_point_estimate_is_one_draw_and_gaussian_gives_independent_chains(proble
                                   SIGMA, 1.0)
     w = np.asarray(post["w"]).reshape(-1, 2)
     assert np.all(np.abs(w.mean(0) - m) / np.sqrt(np.diag(c)) < 0.15)
-    assert np.isfinite(float(az.loo(idata).elpd_loo))
+    assert np.isfinite(elpd(az.loo(idata)))
 
 
 def test_predictive_space_method_has_no_parameter_posterior(problem):
@@ -144,10 +201,21 @@ def test_sgmcmc_backend_runs_several_chains_per_client(problem):
     fed, ev = problem
     sampler = I.SGHMC(num_burnin=300, num_samples=200, batch_size=None, num_chains=3)
     r = fp.run(A.Ensemble(client=sampler), MODEL, fed, progress=False)
-    cp = group(r.to_arviz(), "client_posterior")
+    idata = r.to_arviz()
+    cp = group(idata, "client_posterior")
     assert cp["w"].shape[:1] == (3,) and cp["w"].shape[2:] == (2, 2)     # chain, draw, client, w_dim_0
     w = np.asarray(cp["w"])
     assert not np.allclose(w[0], w[1])                                     # independent chains
+    # per draw: the step that made the draw (constant after burn-in: the round's step size) and a
+    # gradient-noise ratio of 0 (full batch)
+    cs = group(idata, "client_sample_stats")
+    assert set(cs.data_vars) == {"step_size", "gradient_noise_ratio"}
+    assert cs["step_size"].dims == ("chain", "draw", "client") and cs["step_size"].shape == cp["w"].shape[:3]
+    steps = np.asarray(cs["step_size"])
+    np.testing.assert_allclose(steps, np.broadcast_to(steps[:, :1], steps.shape), rtol=1e-6)
+    np.testing.assert_allclose(steps.mean((0, 1)), np.asarray(group(idata, "sample_stats")["step_size"])[0],
+                               rtol=1e-5)
+    assert np.all(np.asarray(cs["gradient_noise_ratio"]) == 0)
     assert float(az.rhat(cp)["w"].max()) < 1.05
     for k in range(2):
         m, c = linreg_exact_posterior([fed.client(k)[0]], [fed.client(k)[1]], SIGMA, 1.0)

@@ -31,9 +31,9 @@ def test_equal_to_arviz_on_the_same_arrays():
     az = _az()
     rng = np.random.default_rng(1)
     x = np.cumsum(rng.normal(size=(3, 400, 2, 2)), axis=1) * 0.1 + rng.normal(size=(3, 400, 2, 2))
-    for method in ("bulk", "tail"):
+    for method, kw in (("bulk", {}), ("tail", {"prob": diagnostics.TAIL_PROB})):
         ours = diagnostics.ess(x, method)
-        theirs = np.array([[float(az.ess(x[:, :, i, j], method=method)) for j in range(2)] for i in range(2)])
+        theirs = np.array([[float(az.ess(x[:, :, i, j], method=method, **kw)) for j in range(2)] for i in range(2)])
         np.testing.assert_allclose(ours, theirs, rtol=1e-10)
     theirs = np.array([[float(az.rhat(x[:, :, i, j])) for j in range(2)] for i in range(2)])
     np.testing.assert_allclose(diagnostics.rhat(x), theirs, rtol=1e-10)
@@ -69,3 +69,12 @@ def test_gaussian_gap_and_warnings_name_the_client():
         msgs = diagnostics.check(rows)
     assert len(rec) == len(msgs)
     assert msgs and all(m.startswith("client 3") for m in msgs)
+
+
+def test_same_numbers_on_every_arviz_version():
+    """Pinned values: ArviZ 0.23 and 1.x give these same bulk/tail ESS and R-hat (tail at the 5%/95% quantiles)."""
+    rng = np.random.default_rng(1)
+    x = np.cumsum(rng.normal(size=(3, 400, 2)), axis=1) * 0.1 + rng.normal(size=(3, 400, 2))
+    np.testing.assert_allclose(diagnostics.ess(x), [5.278487609245197, 5.447711620721946], rtol=1e-9)
+    np.testing.assert_allclose(diagnostics.ess(x, "tail"), [19.118635081239887, 30.887569605468272], rtol=1e-9)
+    np.testing.assert_allclose(diagnostics.rhat(x), [1.5631923999597712, 1.5320756605440689], rtol=1e-9)

@@ -187,3 +187,43 @@ def test_bad_hyperparameters_fail_early():
         HMC(num_steps=None, trajectory_length=None)
     with pytest.raises(ValueError, match="jitter"):
         HMC(jitter=1.5)
+
+
+def test_per_draw_statistics_are_numpyros_own(setup):
+    """A fixed step too long for the stiffest direction (0.3 against a posterior sd of 0.16) diverges
+    now and then: the per-draw statistics equal NumPyro's own record of the same chain
+    (``fori_collect`` over its HMC kernel from the same key), divergences counted transition by
+    transition; ``run_chains`` gives them as (chains, draws)."""
+    from numpyro.infer.hmc import hmc
+    from numpyro.util import fori_collect
+
+    from fedprob.protocols import DRAW_STATS, run_chains
+
+    _, cd, pot = setup
+    target = make_target(jax.tree_util.tree_map(lambda a: a[0], cd), pot.dim)
+    S, step = 300, 0.3
+    nuts = NUTS(num_warmup=0, num_samples=S, step_size=step, adapt_step_size=False, adapt_mass_matrix=False)
+    key = jax.random.PRNGKey(0)
+    res = jax.jit(lambda k: run_chains(nuts, k, pot, target, jnp.zeros(D)))(key)     # one chain: nuts.run
+    assert set(res.diagnostics[DRAW_STATS]) == {"diverging", "acceptance_rate", "step_size", "n_steps",
+                                                "tree_depth", "energy", "lp"}
+    assert all(v.shape == (1, S) for v in res.diagnostics[DRAW_STATS].values())
+    ours = {k: np.asarray(v)[0] for k, v in res.diagnostics[DRAW_STATS].items()}
+    init_kernel, sample_kernel = hmc(potential_fn=lambda z: -pot.log_density(z, target), algo="NUTS")
+    state = init_kernel(jnp.zeros(D), num_warmup=0, step_size=step, adapt_step_size=False,
+                        adapt_mass_matrix=False, rng_key=jax.random.split(key, 3)[0])
+    div, acc, n, energy, pe = fori_collect(
+        0, S, sample_kernel, state, progbar=False,
+        transform=lambda s: (s.diverging, s.accept_prob, s.num_steps, s.energy, s.potential_energy))
+    assert 0 < div.sum() < S // 4                                  # a few divergences, not all
+    np.testing.assert_array_equal(ours["diverging"], np.asarray(div))
+    assert ours["diverging"].sum() == int(res.diagnostics["num_divergences"])
+    np.testing.assert_array_equal(ours["n_steps"], np.asarray(n))
+    np.testing.assert_allclose(ours["acceptance_rate"], np.asarray(acc), rtol=1e-5)
+    np.testing.assert_allclose(ours["energy"], np.asarray(energy), rtol=1e-5)
+    np.testing.assert_allclose(ours["lp"], -np.asarray(pe), rtol=1e-5)
+    np.testing.assert_array_equal(ours["tree_depth"], np.floor(np.log2(np.asarray(n))).astype(int) + 1)
+    np.testing.assert_array_equal(ours["step_size"], np.full(S, step, np.float32))
+    # the log density of every kept draw (draws and statistics stay aligned)
+    lp = jax.vmap(lambda z: pot.log_density(z, target))(res.posterior.draws)
+    np.testing.assert_allclose(ours["lp"], np.asarray(lp), rtol=1e-5)

@@ -44,6 +44,7 @@ from fedprob.inference.sgld import (psgld_init, psgld_step, rmsprop_precondition
                                     sgld_step)
 from fedprob.inference.sgmcmc import effective_sample_size, max_curvature
 from fedprob.potential import ClientData, Potential, make_target
+from fedprob.protocols import DRAW_STATS
 
 SIGMA, PRIOR_SCALE, D, N = 0.5, 1.0, 3, 64
 MEAN_TOL, SD_RANGE = 0.5, (0.7, 1.3)
@@ -138,6 +139,20 @@ def test_sampler_matches_exact_posterior(name):
         assert np.all(diag["gradient_noise_ratio"] < 0.5), diag["gradient_noise_ratio"]
     else:
         assert np.all(diag["gradient_noise_ratio"] == 0)
+    # per draw: the step that made each draw, and the gradient-noise ratio at it (one coefficient
+    # per chain); the scalar is the ratio at the largest noisy step, the peak of a cosine cycle
+    per = {k: np.asarray(v) for k, v in res.diagnostics[DRAW_STATS].items()}
+    S = SAMPLERS[name].num_samples
+    assert set(per) == {"step_size", "gradient_noise_ratio"}
+    assert all(v.shape == (CHAINS, S) for v in per.values())
+    steps, ratio = per["step_size"], per["gradient_noise_ratio"]
+    assert np.all(steps > 0) and np.all(steps <= diag["step_size"][:, None] * (1 + 1e-5))
+    assert np.all(ratio <= diag["gradient_noise_ratio"][:, None] * (1 + 1e-5) + 1e-12)
+    np.testing.assert_allclose(ratio, steps * (ratio / steps)[:, :1], rtol=1e-4)        # ratio / step: constant
+    if "Cyclical" not in name and np.all(diag["sampling_restarts"] == 0):
+        np.testing.assert_allclose(steps, np.broadcast_to(diag["step_size"][:, None], steps.shape), rtol=1e-6)
+    if "Cyclical" in name:
+        assert np.all(steps.std(1) > 0)                           # draws at several points of the cycle
 
 
 def test_clients_under_vmap_match_their_own_posteriors():

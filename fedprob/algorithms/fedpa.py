@@ -67,7 +67,7 @@ from ..inference.iasg import IASG
 from ..inference.optim import make_optimizer
 from ..posteriors import GlobalPosterior
 from ..potential import INIT_STRATEGIES, make_target
-from ..protocols import ClientBackend
+from ..protocols import DRAW_STATS, ClientBackend
 from ..validation import check_choice, check_fraction, check_positive
 from .. import gaussian
 from .base import Algorithm, Context, weighted_mean
@@ -182,7 +182,7 @@ class FedPA(Algorithm):
         if self.normalize:
             d = rho_l * d
         prec = dp.precision_diagonal(draws, rho, scale)
-        diag = {k: v for k, v in res.diagnostics.items() if jnp.ndim(v) == 0}
+        diag = {k: v for k, v in res.diagnostics.items() if k != DRAW_STATS and jnp.ndim(v) == 0}
         diag["rho_l"] = rho_l
         diag["delta_norm"] = jnp.linalg.norm(d)
         return client_state, (d, prec), diag

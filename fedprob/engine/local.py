@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedprob.protocols import finite_flag
+from fedprob.protocols import DRAW_STATS, finite_flag
 
 from ..algorithms.base import Algorithm, Context
 from .. import faults as faults_mod
@@ -209,6 +209,8 @@ def round_record(rinfo: RoundInfo, round_number: int, num_clients: int, faults=N
                                                   round_number, privacy.delta)
         entry["dp_delta"] = float(privacy.delta)
     for name, v in rinfo.diagnostics.items():
+        if name == DRAW_STATS:      # per-draw sampler statistics: not a per-client scalar
+            continue
         v = np.asarray(v, dtype=float)
         entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
     return entry
