@@ -212,9 +212,12 @@ def test_bad_arguments_fail_early():
     for kw, word in [(dict(learning_rate=0.0), "learning_rate"), (dict(hess_init=-1.0), "hess_init"),
                      (dict(beta2=1.0), "beta2"), (dict(ess=0.0), "ess"),
                      (dict(schedule="linear"), "schedule"), (dict(mc_samples=0), "mc_samples"),
-                     (dict(batch_size=0), "batch_size")]:
+                     (dict(batch_size=0), "batch_size"), (dict(min_hess=-0.1), "min_hess")]:
         with pytest.raises(ValueError, match=word):
             IVON(**kw)
     assert IVON().output == "gaussian"
     assert IVON(num_steps=2000).resolved_beta2 == pytest.approx(0.995)
     assert IVON(num_steps=10 ** 7).resolved_beta2 == pytest.approx(0.99999)
+    # short local runs: h averages 10 steps' estimates (the lower clip 0.9 binds below 100 steps)
+    assert IVON(num_steps=38).resolved_beta2 == pytest.approx(0.9)
+    assert IVON(num_steps=400).resolved_beta2 == pytest.approx(0.975)

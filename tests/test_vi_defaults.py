@@ -189,6 +189,11 @@ def test_ivon_hess_init_is_the_per_point_curvature():
                         jnp.zeros(3), jnp.asarray([0.0, 40.0, 0.0]))
     h0 = ivon_hess_init(grad_fn, inputs, jnp.asarray([0.3, -1.0, 2.0]))
     np.testing.assert_allclose(np.asarray(h0), np.diag(np.asarray(A)) - [0.5, 0.0, 0.0], rtol=1e-5)
+    # min_hess floors h0 + delta (delta = [0, 0.01, 0]); entries above the floor are unchanged
+    floor = float(np.median(np.diag(np.asarray(A)) - [0.5, 0.0, 0.0] + [0.0, 0.01, 0.0]))
+    h0f = ivon_hess_init(grad_fn, inputs, jnp.asarray([0.3, -1.0, 2.0]), min_hess=floor)
+    want = np.maximum(np.diag(np.asarray(A)) - [0.5, 0.0, 0.0] + [0.0, 0.01, 0.0], floor) - [0.0, 0.01, 0.0]
+    np.testing.assert_allclose(np.asarray(h0f), want, rtol=1e-5)
     # a concave direction is floored: lambda (h0 + delta) stays positive
     h0 = ivon_hess_init(jax.value_and_grad(lambda t, k: -0.5 * jnp.sum(t * t)), inputs, jnp.ones(3))
     assert np.all(np.asarray(h0) + np.asarray(inputs.prior_precision) / 4000.0 > 0)

@@ -93,7 +93,11 @@ class BayesADMM(Configured):
     full-covariance variational solve); covariance: "diag" or "full"; rho: KL weight (1; 1/K gives Prop. 3.2);
     gamma: dual step (0.1, the paper's
     usual value; None = rho, as in Prop. 3.2); delta: prior precision (None = the model
-    prior's); tau: temperature of the client losses; prediction: "average"
+    prior's); tau: temperature of the client losses (1: the posterior of the model; the
+    paper's 0.1 gives each client ``lambda = N_k / tau`` and a 10 times sharper likelihood,
+    which a network under a weak prior needs: with IVON clients on the Fashion-MNIST MLP of
+    benchmarks/dual.py, 72.2% after 10 rounds at tau = 0.1 against 47.2% at tau = 1, whose
+    wide mean-field posterior predicts poorly); prediction: "average"
     over ``num_predictive_draws`` draws of q_g (default) or "mean".
     """
 
