@@ -290,6 +290,10 @@ def local_target_inputs(potential, target, ess=None, batch_size: Optional[int] =
     return grad_fn, inputs
 
 
+#: runs of at most this many steps use beta2 = 0.9 by default (see :class:`IVON`).
+SHORT_RUN = 100
+
+
 @dataclasses.dataclass(frozen=True)
 class IVON(ClientBackend):
     """IVON client backend: a diagonal Gaussian posterior of the client's LocalTarget.
@@ -330,11 +334,15 @@ class IVON(ClientBackend):
     beta2: Hessian momentum. The Hessian estimate averages about
         ``1 / (1 - beta2)`` steps: choose ``num_steps * (1 - beta2) >> 1``
         for the precision to converge. ``None`` (default) takes
-        ``1 - 10 / num_steps``, clipped to ``[0.9, 0.99999]``. (Shen et
-        al.'s 0.99999 suits runs of ~10^6 steps; over a few thousand local
-        steps ``h`` would stay near ``hess_init``. In short local runs, e.g.
-        38 steps, a lower clip of 0.99 left ``h`` at 70% of ``h0``, so the
-        precision sent to a server was ``lambda h0``, not the curvature.)
+        0.9 for short runs (``num_steps <= 100``), else ``1 - 10 / num_steps``
+        clipped to ``[0.99, 0.99999]``. (Shen et al.'s 0.99999 suits runs of
+        ~10^6 steps; over a few thousand local steps ``h`` would stay near
+        ``hess_init``. In short local runs, e.g. 38 steps of a federated
+        round, 0.99 left ``h`` at 70% of ``h0``, so the precision sent to a
+        server was ``lambda h0``, not the curvature: BayesADMM with such IVON
+        clients on the Fashion-MNIST MLP reached 63% after 4 rounds at 0.9,
+        57% at 0.921 and 30% at 0.95. In longer runs the averaging matters
+        more: IVON alone, 375 steps on that MLP, 72% at 0.99 and 53% at 0.973.)
     hess_init: initial ``h`` (per-data-point curvature). ``None`` (default)
         takes the curvature at the starting point, :func:`ivon_hess_init`
         (``h0 = diag hess l - u``, exact, from d Hessian-vector products on
@@ -353,8 +361,8 @@ class IVON(ClientBackend):
         an Adam mode) the first sds were ~1, the means moved 90-185 in norm
         in 38 steps and IVON stayed at 10-26% accuracy. With the floor 0.1
         (the scale of a logit's curvature ``p (1 - p)``, Shen et al.'s
-        ``h0``) it reaches 58% at the mean in 2 epochs (72% with ``beta2 =
-        0.99``, whose ``h`` stays nearer ``h0``; Adam 78%: the rest is the
+        ``h0``) it reaches 72% at the mean in 2 epochs (375 steps, default
+        ``beta2 = 0.99``; Adam 78%: the rest is the
         width of the untempered mean-field posterior, see BayesADMM's
         ``tau``). The floor is a start: ``h`` then follows the
         Hessian estimates. It does not bind on curvatures above it (a linear
@@ -432,7 +440,10 @@ class IVON(ClientBackend):
     def resolved_beta2(self) -> float:
         if self.beta2 is not None:
             return float(self.beta2)
-        return float(min(max(1.0 - 10.0 / int(self.num_steps), 0.9), 0.99999))
+        n = int(self.num_steps)
+        if n <= SHORT_RUN:
+            return 0.9
+        return float(min(max(1.0 - 10.0 / n, 0.99), 0.99999))
 
     def _learning_rate(self):
         if self.schedule == "cosine":

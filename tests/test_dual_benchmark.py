@@ -62,7 +62,7 @@ def test_ivon_defaults_learn_the_fmnist_mlp(fmnist):
     """IVON at its defaults, all 6,000 rows as one client, 2 epochs on minibatches of 32 from the
     random initialisation. With ``h0`` the curvature there (``min_hess=0``: half the weights below
     2e-4 per point) the first sds were the prior's, the means moved ~90 in norm and the accuracy
-    was 26%; with the floor 0.1 it reaches 58% at the mean (chance 10%; Adam 1e-3 in the same steps:
+    was 26%; with the floor 0.1 it reaches 72% at the mean (chance 10%; Adam 1e-3 in the same steps:
     78%; the gap is the width of the untempered mean-field posterior under the N(0, 1) prior)."""
     fed, (Xt, yt), model = fmnist
     X = np.concatenate([fed.X[k][: fed.sizes[k]] for k in range(fed.num_clients)])
@@ -72,7 +72,7 @@ def test_ivon_defaults_learn_the_fmnist_mlp(fmnist):
     init = pot.init(jax.random.PRNGKey(0), "center")
     res = IVON(num_steps=len(y) * 2 // 32, batch_size=32, map_steps=0).run(jax.random.PRNGKey(2), pot, target, init)
     acc = classification_metrics(np.exp(np.asarray(pot.predict(res.params, Xt))), yt)["accuracy"]
-    assert acc > 0.5 and not bool(res.diagnostics["nonfinite"])
+    assert acc > 0.65 and not bool(res.diagnostics["nonfinite"])
 
 
 def bayes_admm_ivon_fmnist(fmnist, rounds):

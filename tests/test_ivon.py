@@ -218,6 +218,8 @@ def test_bad_arguments_fail_early():
     assert IVON().output == "gaussian"
     assert IVON(num_steps=2000).resolved_beta2 == pytest.approx(0.995)
     assert IVON(num_steps=10 ** 7).resolved_beta2 == pytest.approx(0.99999)
-    # short local runs: h averages 10 steps' estimates (the lower clip 0.9 binds below 100 steps)
+    # short local runs (<= 100 steps): h averages about 10 steps' estimates
     assert IVON(num_steps=38).resolved_beta2 == pytest.approx(0.9)
-    assert IVON(num_steps=400).resolved_beta2 == pytest.approx(0.975)
+    assert IVON(num_steps=100).resolved_beta2 == pytest.approx(0.9)
+    assert IVON(num_steps=101).resolved_beta2 == pytest.approx(0.99)
+    assert IVON(num_steps=400).resolved_beta2 == pytest.approx(0.99)
