@@ -3,7 +3,7 @@
 ``vmap_clients(f)`` is ``jax.vmap(f)``, except that a batch of ONE client
 calls ``f`` on that client's slice and puts the axis of length 1 back on
 every output. The answer is the vmapped one (same keys, same random draws,
-same arithmetic up to the last bit of floating-point reductions), but the
+the same numbers: bit for bit on CPU in tests/test_client_map.py), but the
 compiled program is the single client's: vmapping a ``lax.scan`` over a
 batch of 1 turns every loop-carried vector into a (1, d) array and changes
 how XLA fuses and lays out the loop body, which costs about a quarter of a
