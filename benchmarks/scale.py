@@ -28,15 +28,19 @@
    one N(0, I) draw over the flat vector" (what every noise-injecting sampler
    must do per step): SGLD, SGHMC, CyclicalSGHMC (fixed step sizes, ESS target
    off, so the step count is exact) on one client holding the digits training
-   rows, softmax regression (batch 64) and ``bnn_mlp(hidden_sizes=(100,))``
-   (batch 256), run through ``fp.run(OneShotAverage(client=sampler))``; time
-   = ``Result.info["client_phase_s"]`` (the compiled client phase call, compile
-   excluded) / steps; ``direct``: the backend's ``run`` jitted on its own (no engine,
-   no vmap over the one client; not in --quick). The baselines are ``lax.scan`` s of
+   rows, softmax regression (batch 64, 20,000 steps), ``bnn_mlp(hidden_sizes=(100,))``
+   and ``cnn`` (batch 256), run through ``fp.run(OneShotAverage(client=sampler))``;
+   time = ``Result.info["client_phase_s"]`` (the compiled client phase call, compile
+   excluded) / steps, with ``progress=False`` (the chains' progress reports are
+   left out of the compiled phase) and ``progress=True`` (a bar fed by about 25
+   host calls per chain); ``vmapped``: the client phase vmapped over the batch of
+   one client, with the reports, as ``fp.run`` ran it before (the "before" of
+   :mod:`fedprob.client_map` and of leaving the reports out; neither in --quick).
+   The baselines (benchmarks/floor.py) are ``lax.scan`` s of
    ``jax.grad(potential.log_density)`` (and of it plus ``jax.random.normal``)
    over the same number of steps, minibatch sampling included. Targets:
    <= 1.15 x the floor for noise-injecting samplers; <= 1.3 x the bare
-   gradient where the gradient dominates (batch >= 256, MLP).
+   gradient where the gradient dominates (batch >= 256, MLP, CNN).
 
 Timing: ``jax.block_until_ready``; every function runs once first (compile
 excluded); then the functions of a table are called in turn for ``repeats``
@@ -320,8 +324,9 @@ class _TimedPhase:
         return out
 
 
-def run_phase_timed(algo, model, fed) -> tuple:
-    """``fp.run(algo, model, fed)``; returns ((CPU s, wall s) of its client phase call, result)."""
+def run_phase_timed(algo, model, fed, progress: bool = False) -> tuple:
+    """``fp.run(algo, model, fed, progress=progress)``; returns ((CPU s, wall s) of its client phase
+    call, result)."""
     log: list = []
     orig = client_phase.compiled_phase
 
@@ -331,7 +336,7 @@ def run_phase_timed(algo, model, fed) -> tuple:
 
     client_phase.compiled_phase = timed
     try:
-        r = fp.run(algo, model, fed, progress=False)
+        r = fp.run(algo, model, fed, progress=progress)
     finally:
         client_phase.compiled_phase = orig
     return log[-1], r
@@ -365,8 +370,7 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
         algo = fp.algorithms.OneShotAverage(client=backends[name])
         fns[name] = lambda algo=algo: run_phase_timed(algo, model, fed)
         if direct:
-            f = jax.jit(lambda k, t, z, b=backends[name]: b.run(k, pot, t, z).posterior.draws)
-            fns[name + " (direct)"] = lambda f=f: (cpu_and_wall(lambda: f(key, target, z0)), None)
+            fns[name + " (progress)"] = lambda algo=algo: run_phase_timed(algo, model, fed, True)
 
             def vmapped(d, ks, sk, a=algo):
                 return jax.vmap(lambda dd, k: a.run_client(ctx, dd, jax.random.split(k)[0], sk))(d, ks)
@@ -393,9 +397,10 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
                "over_floor_best": min(cpu[name]) / min(cpu[fl]),
                "over_floor_wall": med(wall[name]) / med(wall[fl])}
         if direct:
-            d, v = name + " (direct)", name + " (vmapped)"
-            row |= {"direct_over_gradient": med(cpu[d]) / med(cpu[g]), "direct_over_floor": med(cpu[d]) / med(cpu[fl]),
-                    "direct_over_floor_best": min(cpu[d]) / min(cpu[fl]),
+            d, v = name + " (progress)", name + " (vmapped)"
+            row |= {"progress_over_gradient": med(cpu[d]) / med(cpu[g]),
+                    "progress_over_floor": med(cpu[d]) / med(cpu[fl]),
+                    "progress_over_floor_best": min(cpu[d]) / min(cpu[fl]),
                     "vmapped_over_gradient": med(cpu[v]) / med(cpu[g]),
                     "vmapped_over_floor": med(cpu[v]) / med(cpu[fl]),
                     "vmapped_over_floor_best": min(cpu[v]) / min(cpu[fl])}
@@ -513,9 +518,11 @@ def main(argv=None):
            "over_gradient / over_floor: sampler CPU time per step (through fp.run: its compiled client "
            "phase call, compile excluded) over the bare gradient / gradient + one N(0, I) draw over the flat "
            "vector; process CPU time, medians of interleaved repeats (_best: fastest repeats; _wall: wall-time "
-           "medians, inflated by the other work on the machine). direct_*: the backend's run jitted on its own (no engine); vmapped_*: the client "
-           "phase vmapped over the batch of one client, as fp.run ran it before one client ran unbatched "
-           "(before / after: vmapped_over_floor / over_floor). Targets: over_floor <= 1.15; over_gradient <= 1.3 where the gradient "
+           "medians, inflated by the other work on the machine). over_*: fp.run(progress=False), whose client "
+           "phase is compiled without the chains' progress reports; progress_*: fp.run(progress=True) (a bar, "
+           "about 25 host calls per chain); vmapped_*: the client phase vmapped over the batch of one client, "
+           "with the reports, as fp.run ran it before (before / after: vmapped_over_floor / over_floor and "
+           "progress_over_floor). Targets: over_floor <= 1.15; over_gradient <= 1.3 where the gradient "
            "dominates (batch >= 256, MLP, CNN).", "",
            f"machine: {meta}"]
     text = "\n".join(md)
