@@ -12,7 +12,8 @@ points JAX at the directory:
   stored (default 0: every program; the cache is keyed on the exact program,
   so a stale entry is never used).
 
-Programs compiled before ``enable`` are not stored; call it first. Programs
+JAX sets its cache up at the first compile of a process: call ``enable``
+before any computation. Programs
 with host callbacks (``jax.debug.callback``: the progress reports of the
 SG-MCMC chains, :mod:`fedprob.progress`) are never stored by JAX: they
 compile in every process.

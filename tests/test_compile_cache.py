@@ -1,13 +1,17 @@
 """fedprob.compile_cache: where the persistent compilation cache goes, the opt-out, and that a
 compiled program is written there."""
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from fedprob import compile_cache
 from fedprob.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cache_dir_default_path_and_opt_out(monkeypatch, tmp_path):
@@ -34,16 +38,19 @@ def restore_cache_config():
         jax.config.update(n, v)
 
 
-def test_enable_writes_compiled_programs(monkeypatch, tmp_path, restore_cache_config):
-    monkeypatch.delenv(compile_cache.ENV, raising=False)
-    d = compile_cache.enable(tmp_path / "cc")
-    assert d == tmp_path / "cc" and d.is_dir()
-    assert jax.config.jax_compilation_cache_dir == str(d)
-    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
-    x = jnp.arange(7.0)
-    y = jax.jit(lambda v: jnp.cumsum(jnp.sin(v) * 3.25) - 1.5)(x)   # a program no other test compiles
-    assert float(y[0]) == pytest.approx(-1.5)
-    assert any(p.is_file() for p in Path(d).rglob("*"))
+def test_enable_writes_compiled_programs(tmp_path):
+    """A fresh process (JAX sets its cache up at the first compile of a process): ``enable``
+    points JAX at the directory and the compiled program is written there."""
+    code = ("import jax, jax.numpy as jnp; from fedprob import compile_cache as c; d = c.enable(); "
+            "assert jax.config.jax_compilation_cache_dir == str(d); "
+            "assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0; "
+            "print(float(jax.jit(lambda v: jnp.cumsum(jnp.sin(v) * 3.25) - 1.5)(jnp.arange(7.0))[0]))")
+    env = dict(os.environ, **{compile_cache.ENV: str(tmp_path / "cc")})
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.split()[-1]) == pytest.approx(-1.5)
+    assert any(p.is_file() for p in (tmp_path / "cc").rglob("*"))
 
 
 def test_cli_opt_out_leaves_the_cache_alone(monkeypatch, tmp_path, restore_cache_config):
