@@ -4,6 +4,7 @@
    SGLD with the RMSprop preconditioner, SGHMC, CyclicalSGHMC, IASG) runs
    ``steps`` steps on one client (all training rows of the embedded digits)
    and is timed against a ``lax.scan`` of ``jax.grad(potential.log_density)``
+   (benchmarks/floor.py, shared with benchmarks/scale.py)
    with the same batch size and number of steps (minibatch sampling
    included in both): ratio = sampler time per step / bare gradient time
    per step (1.0 is the floor, the target is <= 1.3). A second floor adds
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +52,9 @@ import numpy as np
 import fedprob as fp
 from fedprob.inference import IASG, NUTS, SGHMC, SGLD, CyclicalSGHMC
 from fedprob.potential import Potential, make_target
+
+sys.path.insert(0, str(Path(__file__).parent))
+from floor import FLOOR, GRADIENT, floor_scans  # noqa: E402  (benchmarks/ is not a package)
 
 
 def interleaved_times(fns: dict, repeats: int) -> tuple:
@@ -126,22 +131,8 @@ def step_vs_gradient(model_name: str, model, X, y, batch: int, steps: int, repea
     key = jax.random.PRNGKey(0)
     z0 = pot.init(key) * 0.1
 
-    def scan_of(body):
-        def f(w, target, key):
-            return jax.lax.scan(lambda w, k: (body(w, target, k), None), w, jax.random.split(key, steps))[0]
-        return jax.jit(f)
-
-    def grad_only(w, target, k):
-        return w + 1e-6 * jax.grad(pot.log_density)(w, target, k, batch)
-
-    def grad_and_noise(w, target, k):
-        kg, kn = jax.random.split(k)
-        g = jax.grad(pot.log_density)(w, target, kg, batch)
-        return w + 1e-6 * g + 1e-6 * jax.random.normal(kn, w.shape, w.dtype)
-
     fns = {}
-    for name, body in (("bare gradient", grad_only), ("gradient + noise", grad_and_noise)):
-        f = scan_of(body)
+    for name, f in floor_scans(pot, batch, steps).items():
         fns[name] = lambda f=f: jax.block_until_ready(f(z0, target, key))
     backends = samplers(X.shape[0], steps, batch, quick)
     if adapted:  # the default: step size estimated by power iteration during burn-in
@@ -152,7 +143,7 @@ def step_vs_gradient(model_name: str, model, X, y, batch: int, steps: int, repea
         fns[name] = lambda run=run: jax.block_until_ready(run(key, target, z0))
     med, _, _ = interleaved_times(fns, repeats)
     t = {name: v / steps for name, v in med.items()}
-    t_grad, t_noise = t.pop("bare gradient"), t.pop("gradient + noise")
+    t_grad, t_noise = t.pop(GRADIENT), t.pop(FLOOR)
     return [{"model": model_name, "d": pot.dim, "batch": batch, "sampler": name, "steps": steps,
              "step_us": 1e6 * v, "bare_gradient_us": 1e6 * t_grad, "step_over_gradient": v / t_grad,
              "gradient_plus_noise_us": 1e6 * t_noise, "step_over_gradient_plus_noise": v / t_noise}

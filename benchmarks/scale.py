@@ -28,15 +28,19 @@
    one N(0, I) draw over the flat vector" (what every noise-injecting sampler
    must do per step): SGLD, SGHMC, CyclicalSGHMC (fixed step sizes, ESS target
    off, so the step count is exact) on one client holding the digits training
-   rows, softmax regression (batch 64) and ``bnn_mlp(hidden_sizes=(100,))``
-   (batch 256), run through ``fp.run(OneShotAverage(client=sampler))``; time
-   = ``Result.info["client_phase_s"]`` (the compiled client phase call, compile
-   excluded) / steps; ``direct``: the backend's ``run`` jitted on its own (no engine,
-   no vmap over the one client; not in --quick). The baselines are ``lax.scan`` s of
+   rows, softmax regression (batch 64, 20,000 steps), ``bnn_mlp(hidden_sizes=(100,))``
+   and ``cnn`` (batch 256), run through ``fp.run(OneShotAverage(client=sampler))``;
+   time = ``Result.info["client_phase_s"]`` (the compiled client phase call, compile
+   excluded) / steps, with ``progress=False`` (the chains' progress reports are
+   left out of the compiled phase) and ``progress=True`` (a bar fed by about 25
+   host calls per chain); ``vmapped``: the client phase vmapped over the batch of
+   one client, with the reports, as ``fp.run`` ran it before (the "before" of
+   :mod:`fedprob.client_map` and of leaving the reports out; neither in --quick).
+   The baselines (benchmarks/floor.py) are ``lax.scan`` s of
    ``jax.grad(potential.log_density)`` (and of it plus ``jax.random.normal``)
    over the same number of steps, minibatch sampling included. Targets:
    <= 1.15 x the floor for noise-injecting samplers; <= 1.3 x the bare
-   gradient where the gradient dominates (batch >= 256, MLP).
+   gradient where the gradient dominates (batch >= 256, MLP, CNN).
 
 Timing: ``jax.block_until_ready``; every function runs once first (compile
 excluded); then the functions of a table are called in turn for ``repeats``
@@ -61,7 +65,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import fedprob as fp
@@ -70,6 +73,9 @@ from fedprob.engine import client_phase
 from fedprob.inference import SGHMC, SGLD, CyclicalSGHMC
 from fedprob.potential import make_target
 from fedprob.run import get_potential
+
+sys.path.insert(0, str(Path(__file__).parent))
+from floor import FLOOR, GRADIENT, floor_scans  # noqa: E402  (benchmarks/ is not a package)
 
 
 def interleaved_times(fns: dict, repeats: int) -> tuple:
@@ -318,8 +324,9 @@ class _TimedPhase:
         return out
 
 
-def run_phase_timed(algo, model, fed) -> tuple:
-    """``fp.run(algo, model, fed)``; returns ((CPU s, wall s) of its client phase call, result)."""
+def run_phase_timed(algo, model, fed, progress: bool = False) -> tuple:
+    """``fp.run(algo, model, fed, progress=progress)``; returns ((CPU s, wall s) of its client phase
+    call, result)."""
     log: list = []
     orig = client_phase.compiled_phase
 
@@ -329,7 +336,7 @@ def run_phase_timed(algo, model, fed) -> tuple:
 
     client_phase.compiled_phase = timed
     try:
-        r = fp.run(algo, model, fed, progress=False)
+        r = fp.run(algo, model, fed, progress=progress)
     finally:
         client_phase.compiled_phase = orig
     return log[-1], r
@@ -344,7 +351,8 @@ def cpu_and_wall(fn):
 def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats: int, names,
                   scale: float = 1.0, direct: bool = True) -> list:
     """Per-step CPU time (primary: robust to other work on a shared machine) and wall time of each
-    sampler through fp.run (and jitted on its own) against the bare gradient and the floor."""
+    sampler through fp.run (and jitted on its own, and vmapped over the batch of one client as
+    fp.run ran it before one client ran unbatched) against the bare gradient and the floor."""
     fed = fp.data.FederatedData.from_clients([(X, y)], num_classes=int(y.max()) + 1)
     pot = get_potential(model, fed)
     data = jax.tree_util.tree_map(lambda a: a[0], fed.client_data())
@@ -352,30 +360,23 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
     key = jax.random.PRNGKey(0)
     z0 = pot.init(key) * 0.1
 
-    def scan_of(body):
-        def f(w, target, key):
-            return jax.lax.scan(lambda w, k: (body(w, target, k), None), w, jax.random.split(key, steps))[0]
-        return jax.jit(f)
-
-    def grad_only(w, target, k):
-        return w + 1e-6 * jax.grad(pot.log_density)(w, target, k, batch)
-
-    def grad_and_noise(w, target, k):
-        kg, kn = jax.random.split(k)
-        g = jax.grad(pot.log_density)(w, target, kg, batch)
-        return w + 1e-6 * g + 1e-6 * jax.random.normal(kn, w.shape, w.dtype)
-
     fns = {}
-    for name, body in (("bare gradient", grad_only), ("gradient + noise", grad_and_noise)):
-        f = scan_of(body)
+    for name, f in floor_scans(pot, batch, steps).items():
         fns[name] = lambda f=f: (cpu_and_wall(lambda: f(z0, target, key)), None)
     backends = samplers(X.shape[0], steps, batch, scale)
+    ctx = Context(pot, 1, np.asarray(fed.sizes), fed.num_rows)
+    stacked, keys = fed.client_data(), jax.random.split(key, 1)
     for name in names:
         algo = fp.algorithms.OneShotAverage(client=backends[name])
         fns[name] = lambda algo=algo: run_phase_timed(algo, model, fed)
         if direct:
-            f = jax.jit(lambda k, t, z, b=backends[name]: b.run(k, pot, t, z).posterior.draws)
-            fns[name + " (direct)"] = lambda f=f: (cpu_and_wall(lambda: f(key, target, z0)), None)
+            fns[name + " (progress)"] = lambda algo=algo: run_phase_timed(algo, model, fed, True)
+
+            def vmapped(d, ks, sk, a=algo):
+                return jax.vmap(lambda dd, k: a.run_client(ctx, dd, jax.random.split(k)[0], sk))(d, ks)
+
+            f = jax.jit(vmapped)
+            fns[name + " (vmapped)"] = lambda f=f: (cpu_and_wall(lambda: f(stacked, keys, key)), None)
     last = {name: fn()[1] for name, fn in fns.items()}          # compile and warm up
     cpu = {name: [] for name in fns}
     wall = {name: [] for name in fns}
@@ -385,7 +386,7 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
             cpu[name].append(c)
             wall[name].append(w)
             last[name] = out if out is not None else last[name]
-    g, fl = "bare gradient", "gradient + noise"
+    g, fl = GRADIENT, FLOOR
     rows = []
     for name in names:
         t = med(cpu[name])
@@ -396,10 +397,13 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
                "over_floor_best": min(cpu[name]) / min(cpu[fl]),
                "over_floor_wall": med(wall[name]) / med(wall[fl])}
         if direct:
-            d = name + " (direct)"
-            row |= {"direct_over_gradient": med(cpu[d]) / med(cpu[g]), "direct_over_floor": med(cpu[d]) / med(cpu[fl]),
-                    "direct_over_floor_best": min(cpu[d]) / min(cpu[fl]),
-                    "direct_over_floor_wall": med(wall[d]) / med(wall[fl])}
+            d, v = name + " (progress)", name + " (vmapped)"
+            row |= {"progress_over_gradient": med(cpu[d]) / med(cpu[g]),
+                    "progress_over_floor": med(cpu[d]) / med(cpu[fl]),
+                    "progress_over_floor_best": min(cpu[d]) / min(cpu[fl]),
+                    "vmapped_over_gradient": med(cpu[v]) / med(cpu[g]),
+                    "vmapped_over_floor": med(cpu[v]) / med(cpu[fl]),
+                    "vmapped_over_floor_best": min(cpu[v]) / min(cpu[fl])}
         rows.append(row | {"floor_over_gradient": med(cpu[fl]) / med(cpu[g]),
                            "finite": bool(last[name].history[0].get("client_finite", 1.0) > 0)})
     return rows
@@ -475,8 +479,10 @@ def main(argv=None):
         step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 400, 3, ("SGLD",), direct=False)
     else:
         names = ("SGLD", "SGHMC", "CyclicalSGHMC")
-        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 2000, 7, names)
-        step_rows += sampler_steps("bnn_mlp(100)", mlp, X, y, 256, 500, 5, names, scale=0.1)
+        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 20000, 7, names)
+        step_rows += sampler_steps("bnn_mlp(100)", mlp, X, y, 256, 1000, 5, names, scale=0.1)
+        step_rows += sampler_steps("cnn(8, 16)", fp.models.cnn(num_classes=10), X, y, 256, 200, 5, names,
+                                   scale=0.1)
     mark("steps")
 
     meta = {"backend": jax.default_backend(), "devices": str(jax.devices()), "cpu_count": os.cpu_count(),
@@ -512,9 +518,12 @@ def main(argv=None):
            "over_gradient / over_floor: sampler CPU time per step (through fp.run: its compiled client "
            "phase call, compile excluded) over the bare gradient / gradient + one N(0, I) draw over the flat "
            "vector; process CPU time, medians of interleaved repeats (_best: fastest repeats; _wall: wall-time "
-           "medians, inflated by the other work on the machine). direct_*: the backend's run jitted on its own (no engine: fp.run vmaps "
-           "the client phase over the one client). Targets: over_floor <= 1.15; over_gradient <= 1.3 where the gradient "
-           "dominates (batch >= 256, MLP).", "",
+           "medians, inflated by the other work on the machine). over_*: fp.run(progress=False), whose client "
+           "phase is compiled without the chains' progress reports; progress_*: fp.run(progress=True) (a bar, "
+           "about 25 host calls per chain); vmapped_*: the client phase vmapped over the batch of one client, "
+           "with the reports, as fp.run ran it before (before / after: vmapped_over_floor / over_floor and "
+           "progress_over_floor). Targets: over_floor <= 1.15; over_gradient <= 1.3 where the gradient "
+           "dominates (batch >= 256, MLP, CNN).", "",
            f"machine: {meta}"]
     text = "\n".join(md)
     print(text)

@@ -6,7 +6,9 @@
 
 The configuration keys are in :mod:`fedprob.config` (and ``fedprob run
 --help``); run directories in :mod:`fedprob.rundir`. Errors are one line on
-stderr with exit status 2, not tracebacks.
+stderr with exit status 2, not tracebacks. ``demo`` and ``run`` keep compiled
+programs in JAX's persistent compilation cache (:mod:`fedprob.compile_cache`;
+``FEDPROB_COMPILATION_CACHE=off`` switches it off, a path moves it).
 """
 from __future__ import annotations
 
@@ -137,6 +139,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.cmd in ("demo", "run"):
+        from .compile_cache import enable
+
+        enable()
     try:
         return {"demo": cmd_demo, "run": cmd_run, "report": cmd_report}[args.cmd](args)
     except (ValueError, TypeError, FileExistsError, FileNotFoundError, ImportError) as e:

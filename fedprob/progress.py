@@ -9,6 +9,13 @@ in lockstep, so any one's fraction is the group's; clients run in
 ``groups`` sequential chunks (``lax.map``) restart at 0, which the sink
 counts as the next group. Outside a :func:`phase` a report costs one host
 call and nothing else.
+
+Reports are put into a program when it is traced: inside ``with
+tracing(False)`` :func:`report` adds nothing, so the compiled program makes no
+host call (and JAX's persistent compilation cache can store it: it never
+stores programs with host callbacks). ``fp.run`` traces its rounds that way
+(no bar shows their reports) and the one-round client phase too when
+``progress=False``.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import numpy as np
 REPORTS = 50
 
 _ACTIVE = None
+_TRACE_REPORTS = True
 
 
 class _Phase:
@@ -48,8 +56,21 @@ def _sink(frac):
 
 
 def report(done, total):
-    """Report ``done / total`` steps of a chain (traced code; a no-op outside a :func:`phase`)."""
-    jax.debug.callback(_sink, done / total)
+    """Report ``done / total`` steps of a chain (traced code; a no-op outside a :func:`phase`,
+    and adds nothing to a program traced inside ``tracing(False)``)."""
+    if _TRACE_REPORTS:
+        jax.debug.callback(_sink, done / total)
+
+
+@contextlib.contextmanager
+def tracing(enabled: bool):
+    """Programs traced inside the block make their reports (``enabled``) or none."""
+    global _TRACE_REPORTS
+    prev, _TRACE_REPORTS = _TRACE_REPORTS, bool(enabled)
+    try:
+        yield
+    finally:
+        _TRACE_REPORTS = prev
 
 
 @contextlib.contextmanager
@@ -71,4 +92,4 @@ def phase(desc: str, groups: int = 1, enabled: bool = True):
             bar.close()
 
 
-__all__ = ["report", "phase", "REPORTS"]
+__all__ = ["report", "phase", "tracing", "REPORTS"]

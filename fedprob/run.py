@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from . import checkpoint as ckpt
+from . import progress as prog
 from .algorithms.base import Algorithm, Context
 from .data.federated import FederatedData, check_xy
 from .engine import client_phase, local, sharded
@@ -269,13 +270,15 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         round_algo, round_data, phase_info = client_phase.run(
             algorithm, ctx, data, server, jax.random.fold_in(k_rounds, 0), client_chunk, progress)
         info.update(phase_info)
-    if mesh is None:
-        round_fn, compile_time = local.compiled_round(round_algo, ctx, M, client_chunk, server,
-                                                      clients, round_data, k_rounds, faults, privacy)
-    else:
-        round_data, clients = sharded.place(round_data, mesh), sharded.place(clients, mesh)
-        round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server, clients,
-                                                        round_data, k_rounds, mesh, faults, privacy)
+    with prog.tracing(False):       # no bar shows the chains' reports inside a round
+        if mesh is None:
+            round_fn, compile_time = local.compiled_round(round_algo, ctx, M, client_chunk, server,
+                                                          clients, round_data, k_rounds, faults, privacy)
+        else:
+            round_data, clients = sharded.place(round_data, mesh), sharded.place(clients, mesh)
+            round_fn, compile_time = sharded.compiled_round(round_algo, ctx, M, client_chunk, server,
+                                                            clients, round_data, k_rounds, mesh, faults,
+                                                            privacy)
     host_clients = (lambda c: c) if multiprocess is None else sharded.unplace
     info["compile_round_s"] = compile_time
     if faults.straggler_rate > 0:

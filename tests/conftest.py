@@ -59,3 +59,14 @@ def padded_correlated_client(seed, n, n_max, w_true, sigma):
     X[n:] = 7.0
     y[n:] = -30.0
     return X, y
+
+
+def pytest_configure(config):
+    """Compiled programs go to JAX's persistent compilation cache under the pytest cache
+    (``.pytest_cache/d/jax-compilation-cache``), so a second run loads what the first compiled;
+    ``FEDPROB_COMPILATION_CACHE=off`` switches it off (see fedprob.compile_cache)."""
+    from fedprob import compile_cache
+
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        compile_cache.enable(cache.mkdir("jax-compilation-cache"))

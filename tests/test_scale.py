@@ -58,3 +58,31 @@ def test_progress_reports_from_inside_a_chain():
         assert 400 <= ph.shown <= 500                        # the first of two sequential groups
         jax.block_until_ready(run(jax.random.PRNGKey(1)))
     assert ph.shown == 1000
+
+
+def test_phase_without_progress_has_no_host_calls_and_the_same_draws():
+    """progress=False compiles the client phase without the chains' reports (no host call, so
+    JAX's persistent cache can store it); the draws are those of the phase with reports, bit
+    for bit, and the two are cached apart."""
+    fed, model = _fed(), linreg_model()
+    algo = fp.algorithms.Ensemble(client=SGLD)
+    client_phase.clear_cache()
+    quiet = fp.run(algo, model, fed, progress=False)
+    shown = fp.run(algo, model, fed, progress=True)
+    assert client_phase.COMPILE_COUNT["phase"] == 2
+    for a, b in zip(jax.tree_util.tree_leaves(quiet.server_state), jax.tree_util.tree_leaves(shown.server_state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    texts = {}
+    for reports in (False, True):
+        ctx, data = quiet.context, fed.client_data()
+        keys = jax.random.split(jax.random.PRNGKey(0), fed.num_clients)
+        fn, dt = client_phase.compiled_phase(algo, ctx, data, keys, jax.random.PRNGKey(1), None, reports)
+        assert dt == 0.0                                         # compiled by the runs above
+        texts[reports] = fn.as_text()
+    assert "callback" not in texts[False] and "callback" in texts[True]
+    with progress.tracing(False):                              # a round traced this way: no reports
+        run = jax.jit(lambda k: SGLD.run(k, get_potential(model, fed), make_target(
+            jax.tree_util.tree_map(lambda a: a[0], fed.client_data()), 3)).posterior.draws)
+        with progress.phase("quiet", enabled=False) as ph:
+            jax.block_until_ready(run(jax.random.PRNGKey(0)))
+    assert ph.reports == 0

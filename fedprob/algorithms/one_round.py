@@ -54,6 +54,7 @@ from ..gaussian import prior_draws, prior_gaussian  # noqa: F401  (names kept fo
 from ..inference import NUTS
 from ..inference.sgmcmc import effective_sample_size
 from ..posteriors import Gaussian, Samples
+from ..client_map import vmap_clients
 from ..protocols import ClientBackend, ClientResult, finite_flag, run_chains
 from ..potential import make_target
 from ..validation import check_choice, check_int  # noqa: F401  (re-exported to the methods)
@@ -332,14 +333,15 @@ def client_phase_key(algorithm) -> Optional[tuple]:
 
 
 def run_client_phase(algorithm, ctx: Context, data, keys, start_key):
-    """Every client's :class:`ClientResult` (vmapped), with the keys ``client_update`` uses:
+    """Every client's :class:`ClientResult` (vmapped; one client runs unbatched,
+    :func:`fedprob.client_map.vmap_clients`), with the keys ``client_update`` uses:
     ``keys`` (M,) are the engine's per-client keys, ``start_key`` the shared start key."""
 
     def one(d, k):
         k_run, _ = jax.random.split(k)
         return algorithm.run_client(ctx, d, k_run, start_key)
 
-    return jax.vmap(one)(data, keys)
+    return vmap_clients(one)(data, keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,7 +420,7 @@ def _run_all(backend, ctx, prior_weight, shared_start, data, k_start, k_run):
         res = run_chains(backend, k, ctx.potential, make_target(d, ctx.dim, prior_weight=prior_weight), z0)
         return res, finite_flag(res.posterior)
 
-    return jax.vmap(one)(data, jax.random.split(k_run, K))
+    return vmap_clients(one)(data, jax.random.split(k_run, K))
 
 
 def aggregate(algorithms, runs: ClientRuns, key=None) -> list:

@@ -35,11 +35,14 @@ def applies(algorithm, rounds: int, num_participants: int, num_clients: int) -> 
     return client_phase_key(algorithm) is not None and rounds == 1 and num_participants == num_clients
 
 
-def compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk: Optional[int]):
-    """(compiled ``(data, keys, start_key) -> results``, compile seconds: 0.0 when shared)."""
+def compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk: Optional[int],
+                   reports: bool = True):
+    """(compiled ``(data, keys, start_key) -> results``, compile seconds: 0.0 when shared).
+
+    reports: the chains report their progress (host calls, :mod:`fedprob.progress`) or not."""
     backend, shared = client_phase_key(algorithm)
     cache_key = (backend, shared, float(algorithm.prior_weight(ctx)), ctx.potential, ctx.num_clients,
-                 np.asarray(ctx.client_sizes).tobytes(), local._signature(data), client_chunk)
+                 np.asarray(ctx.client_sizes).tobytes(), local._signature(data), client_chunk, bool(reports))
     hit = _CACHE.get(cache_key)
     if hit is not None:
         return hit, 0.0
@@ -52,7 +55,8 @@ def compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk: Optional
             algorithm, ctx, jax.tree_util.tree_map(lambda x: x[None], a[0]), a[1][None], sk))
         return jax.lax.map(one, (d, ks), batch_size=client_chunk)
 
-    compiled = jax.jit(phase).lower(data, keys, start_key).compile()
+    with prog.tracing(reports):
+        compiled = jax.jit(phase).lower(data, keys, start_key).compile()
     COMPILE_COUNT["phase"] += 1
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
@@ -65,11 +69,13 @@ def run(algorithm, ctx, data, server_state, round_key, client_chunk: Optional[in
     """Run the client phase of round ``round_key``; returns ``(round algorithm, round data, info)``.
 
     info: ``client_phase_compile_s`` (0 when a compiled phase was shared), ``client_phase_s``.
+    ``show``: a progress bar fed by the chains' reports; without it the phase is compiled
+    without reports (no host calls; the program can go to the persistent compilation cache).
     """
     K = ctx.num_clients
     _, keys = local.select(K, K, round_key)                     # the round's keys, M == K
     start_key = jax.random.fold_in(server_state.key, 1)         # as OneRoundAlgorithm.client_update
-    fn, compile_s = compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk)
+    fn, compile_s = compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk, reports=show)
     groups = 1 if client_chunk is None or client_chunk >= K else math.ceil(K / client_chunk)
     t0 = time.perf_counter()
     with prog.phase(f"{type(algorithm).__name__} clients", groups, show) as ph:

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedprob.client_map import vmap_clients
 from fedprob.protocols import DRAW_STATS, finite_flag
 
 from ..algorithms.base import Algorithm, Context
@@ -166,7 +167,8 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
     faults: a :class:`fedprob.faults.Faults` (dropout, stragglers, norm bound);
     privacy: a :class:`fedprob.privacy.GaussianDP` message transform.
     ``map_clients(one, (states, data, keys))`` maps the single-client update over the
-    participants (default: vmap, or lax.map in chunks; :mod:`.sharded` shards it).
+    participants (default: vmap, with one participant a direct call, see
+    :mod:`fedprob.client_map`; or lax.map in chunks; :mod:`.sharded` shards it).
     """
     K, M = ctx.num_clients, num_participants
 
@@ -181,7 +183,7 @@ def make_round_fn(algorithm: Algorithm, ctx: Context, num_participants: int,
         if map_clients is not None:
             new_cs, msgs, diags, ok = map_clients(one, args)
         elif client_chunk is None or client_chunk >= M:
-            new_cs, msgs, diags, ok = jax.vmap(one)(args)
+            new_cs, msgs, diags, ok = vmap_clients(one)(args)
         else:
             new_cs, msgs, diags, ok = jax.lax.map(one, args, batch_size=client_chunk)
         return aggregate_and_commit(algorithm, ctx, server_state, client_states, idx, new_cs, msgs, diags,
