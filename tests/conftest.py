@@ -50,6 +50,16 @@ def linreg_model(prior_scale=1.0, sigma=0.5):
     return linreg
 
 
+def linreg_federation(num_rows, num_clients, seed=0):
+    """``num_rows`` rows of y = X [1, -2, 0.5] + N(0, 0.5^2) (float32), split iid over the clients."""
+    import fedprob as fp
+
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(num_rows, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=num_rows)).astype(np.float32)
+    return fp.data.partition(X, y, num_clients=num_clients, scheme="iid", seed=0)
+
+
 def padded_correlated_client(seed, n, n_max, w_true, sigma):
     """(X, y) with correlated features, padded to n_max rows; rows n: hold garbage that must not count."""
     rng = np.random.default_rng(seed)

@@ -8,7 +8,7 @@ import pytest
 
 import fedprob as fp
 
-from conftest import linreg_model
+from conftest import linreg_federation, linreg_model
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
                                 reason="flwr not installed (pip install 'fedprob[flower]')")
@@ -49,10 +49,7 @@ BOUND = 0.45   # some updates over it (norms 0.47 to 0.58), some under
 
 
 def _linreg_fed():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(120, 3)).astype(np.float32)
-    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=120)).astype(np.float32)
-    return fp.data.partition(X, y, num_clients=3, scheme="iid", seed=0)
+    return linreg_federation(120, 3)
 
 
 def _in_process(handle):

@@ -13,7 +13,7 @@ import pytest
 
 import fedprob as fp
 
-from conftest import linreg_model
+from conftest import linreg_federation, linreg_model
 
 WORKER = r"""
 import os, sys, json, tempfile
@@ -54,10 +54,7 @@ def eval_data():
 
 def federation():
     """8 clients of a 3-weight linear regression: sharded 2 per device over the 4 devices."""
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(320, 3)).astype(np.float32)
-    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=320)).astype(np.float32)
-    return fp.data.partition(X, y, num_clients=8, scheme="iid", seed=0)
+    return linreg_federation(320, 8)
 
 
 def summary(r):
