@@ -9,6 +9,14 @@ backend, the site moves by the damped natural-parameter step
 and exact client solves (a Laplace backend on a conjugate Gaussian model)
 one round gives the exact posterior.
 
+Rounds. Damped sites converge geometrically: on a conjugate model with
+exact client solves, every client present each round, the site sum after R
+rounds is ``1 - (1 - damping)^R`` of the exact one (the mean is right much
+earlier). At the default damping 1/K that is about 3K rounds for 95%: the
+default 10 rounds leave the precision 5.6% short at K = 4 and 35% short at
+K = 10 (measured at 4 clients of 4,000 rows, tests/test_dual.py). Pass
+``rounds`` accordingly, or ``damping=1.0`` where the clients are exact.
+
 Participation: synchronous by default (every client each round);
 ``fp.run(..., clients_per_round=M)`` samples M clients per round (absent
 clients keep their sites). :func:`run_sequential` is sequential PVI: the
