@@ -21,6 +21,11 @@ def test_dual_benchmark_quick(data_root, capsys):
     assert len(curve["accuracy"]) == 2 and all(math.isfinite(a) for a in curve["nll"])
     # two rounds of FedLap-Cov already beat the majority class (55%) by a wide margin, at the mean and averaged
     assert curve["final_mean"]["accuracy"] > 0.75 and curve["final_average"]["accuracy"] > 0.75
+    # the pooled-data reference (the global posterior every converging method aims at): the MAP
+    # predicts as well as two rounds of FedLap-Cov, with a lower NLL than its diagonal posterior
+    pooled = res["problems"]["credit"]["_pooled"]
+    assert pooled["mean"]["accuracy"] > 0.8
+    assert pooled["mean"]["nll"] < curve["final_mean"]["nll"]
     assert "credit" in capsys.readouterr().out
 
 

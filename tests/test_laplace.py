@@ -278,3 +278,36 @@ def test_hessian_diag_estimate_exact_below_threshold_and_unbiased_above():
         else:
             # off-diagonal mass sum_k H_ik^2 ~ 1 per row against diagonals of 1 to 50: a few per cent
             assert np.median(rel) < 0.1 and rel.max() < 0.6 and np.all(np.asarray(est) > 0)
+
+
+def hierarchical_logreg(X, y=None):
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    w = numpyro.sample("w", dist.Normal(0.0, s).expand([X.shape[1]]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
+
+
+def test_prior_curvature_one_product_when_diagonal_exact_otherwise():
+    """The diagonal-GGN prior term: ``H 1`` for independent elementwise priors (Normal weights,
+    a LogNormal noise scale), the d-product diagonal for a hierarchical prior (the weights' scale
+    is a site): both equal the diagonal of the dense prior Hessian."""
+    from fedprob.inference.laplace import prior_curvature_diag, prior_hessian_is_diagonal
+
+    rng = np.random.default_rng(6)
+    n = 12
+    X = rng.normal(size=(n, D))
+    yb = (rng.random(n) < 0.5).astype(np.int32)
+    with jax.enable_x64(True):
+        for model, y, diagonal in ((logreg, yb, True), (linreg_learned_noise, rng.normal(size=n), True),
+                                   (hierarchical_logreg, yb, False)):
+            pot = Potential(model, X, y)
+            assert prior_hessian_is_diagonal(pot) is diagonal
+            z = jnp.asarray(rng.normal(size=pot.dim))
+            dense = -np.asarray(jax.hessian(pot.log_prior)(z))
+            if not diagonal:
+                assert np.abs(dense - np.diag(np.diag(dense))).max() > 0.1
+            np.testing.assert_allclose(prior_curvature_diag(pot, z), np.diag(dense), rtol=1e-10, atol=1e-12)
+            if model is logreg:      # canonical link: the diagonal GGN is the Hessian's diagonal
+                target = x64_target(X, y, n, dim=pot.dim)
+                np.testing.assert_allclose(CURV(pot, target, z, "diag_ggn"),
+                                           np.diag(CURV(pot, target, z, "full")), rtol=1e-9)
