@@ -170,10 +170,12 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         straggler_min_fraction: float = 0.0) -> Result:
     """Run ``algorithm`` on ``fed`` with the NumPyro ``model``.
 
-    rounds: communication rounds (default ``algorithm.default_rounds``: 1 for
-    one-round methods). clients_per_round: M of the K clients sampled without
-    replacement each round (default all); shapes stay fixed, so nothing
-    recompiles between rounds. client_chunk: vmap clients in chunks of this
+    rounds: communication rounds (default ``algorithm.rounds_for(K, sizes, M)``:
+    ``default_rounds``, 1 for one-round methods, 10 for iterative ones; damped
+    PVI/FedLap/FedLap-Cov take enough rounds for their sites to converge).
+    clients_per_round: M of the K clients sampled without replacement each
+    round (default all); shapes stay fixed, so nothing recompiles between
+    rounds. client_chunk: vmap clients in chunks of this
     size (``lax.map``) to bound memory. eval_data: (X, y) evaluated every
     ``eval_every`` rounds and at the end. Same seed, same result.
 
@@ -204,13 +206,13 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         raise TypeError(f"algorithm must be a fedprob algorithm, got {type(algorithm).__name__}")
     if not isinstance(fed, FederatedData):
         raise TypeError("fed must be a FederatedData (see fp.data.partition / FederatedData.from_clients)")
-    rounds = algorithm.default_rounds if rounds is None else rounds
-    if not isinstance(rounds, (int, np.integer)) or rounds < 1:
-        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     K = fed.num_clients
     M = K if clients_per_round is None else int(clients_per_round)
     if not 1 <= M <= K:
         raise ValueError(f"clients_per_round must be in [1, {K}], got {clients_per_round}")
+    rounds = algorithm.rounds_for(K, fed.client_sizes, M) if rounds is None else rounds
+    if not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     faults = Faults(dropout_rate, straggler_rate, max_update_norm, straggler_policy, straggler_min_fraction)
     if privacy is not None:
         from . import privacy as privacy_mod

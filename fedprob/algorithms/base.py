@@ -16,7 +16,10 @@ caches compiled rounds on it) with pure methods:
   (weighted) sum or mean over that axis.
 * ``posterior(ctx, server_state, client_states) -> GlobalPosterior``.
 
-``default_rounds`` is 1 for one-round methods. ``ctx`` is a :class:`Context`.
+``default_rounds`` is 1 for one-round methods; ``rounds_for(num_clients,
+client_sizes, clients_per_round)`` is what ``fp.run`` takes when no rounds
+are given (``default_rounds`` unless an algorithm knows better, e.g. damped
+PVI). ``ctx`` is a :class:`Context`.
 
 Optional hooks for message transforms (the norm bound of
 :mod:`fedprob.faults`, differential privacy of :mod:`fedprob.privacy`):
@@ -63,6 +66,10 @@ class Algorithm:
     """Base class of federated algorithms (subclasses are frozen dataclasses)."""
 
     default_rounds: int = 1
+
+    def rounds_for(self, num_clients: int, client_sizes, clients_per_round: int) -> int:
+        """Rounds ``fp.run`` takes when none are given: :attr:`default_rounds`."""
+        return int(self.default_rounds)
 
     def init(self, ctx: Context, key, data):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 from typing import Any, NamedTuple, Optional, Union
 
@@ -165,6 +166,10 @@ def _as_family(g: Gaussian, family: str) -> Gaussian:
     return g.to_diag()
 
 
+#: the most rounds a run of the natural loop takes by default (:meth:`NaturalLoop.rounds_for`)
+MAX_DEFAULT_ROUNDS = 100
+
+
 @dataclasses.dataclass(frozen=True)
 class NaturalLoop(Algorithm):
     """The exponential-family dual loop (module docstring); the named algorithms configure it.
@@ -252,6 +257,35 @@ class NaturalLoop(Algorithm):
         if self.gamma == "rho":
             return jnp.asarray(self.rho_value(ctx), dt)
         return jnp.asarray(float(self.gamma), dt)
+
+    def rounds_for(self, num_clients: int, client_sizes, clients_per_round: int) -> int:
+        """Default rounds: enough for every site to take in 99% of its client's curvature.
+
+        With ``alpha = 1`` (PVI, FedLap, FedLap-Cov) and exact client
+        solves on a conjugate model, a site equals the fraction
+        ``1 - (1 - gamma_k)^r`` of the client's likelihood after ``r`` updates,
+        and a client takes part in ``M / K`` of the rounds; the default is
+        ``ceil((K / M) log 0.01 / log(1 - min_k gamma_k))`` (44 rounds for ten
+        clients at damping 1/K), at least :attr:`default_rounds` (10) and at
+        most :data:`MAX_DEFAULT_ROUNDS`. BayesADMM (``alpha < 1``) converges at
+        another rate and keeps :attr:`default_rounds`.
+        """
+        if self.alpha != 1 and self.alpha != 1.0:
+            return int(self.default_rounds)
+        sizes = np.asarray(client_sizes, np.float64)
+        K, M = int(num_clients), int(clients_per_round)
+        if self.gamma == "size":
+            g = float(sizes.min() / sizes.sum())
+        elif self.gamma == "clients":
+            g = 1.0 / K
+        elif self.gamma == "rho":
+            g = 1.0 / K if self.rho == "clients" else float(self.rho)
+        else:
+            g = float(self.gamma)
+        if g >= 1.0:
+            return int(self.default_rounds)
+        need = math.ceil((K / M) * math.log(0.01) / math.log1p(-g)) if g > 0 else MAX_DEFAULT_ROUNDS
+        return int(min(max(need, self.default_rounds), MAX_DEFAULT_ROUNDS))
 
     # -- protocol ---------------------------------------------------------------------------
     def init(self, ctx: Context, key, data):
@@ -360,6 +394,9 @@ class Configured(Algorithm):
 
     def loop(self) -> NaturalLoop:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def rounds_for(self, num_clients, client_sizes, clients_per_round):
+        return self.loop().rounds_for(num_clients, client_sizes, clients_per_round)
 
     def init(self, ctx, key, data):
         return self.loop().init(ctx, key, data)

@@ -220,9 +220,9 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     from ..metrics import evaluate
     from ..run import Result, _check_eval
 
-    rounds = algorithm.default_rounds if rounds is None else int(rounds)
     K = fed.num_clients
     M = K if clients_per_round is None else int(clients_per_round)
+    rounds = algorithm.rounds_for(K, fed.client_sizes, M) if rounds is None else int(rounds)
     ctx, data, templates = prepare(algorithm, model, fed, seed, model_kwargs)
     evald = _check_eval(eval_data, ctx.potential)
     sink: dict = {}
