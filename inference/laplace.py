@@ -216,7 +216,13 @@ def _check_ggn(potential) -> None:
 
 
 def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_size: int = 32):
-    """``sum_i w_i J_i' H_i J_i`` over rows (see the module docstring), (d, d) or (d,)."""
+    """``sum_i w_i J_i' H_i J_i`` over rows (see the module docstring), (d, d) or (d,).
+
+    Chunks of ``chunk_size`` rows after the last row of nonzero weight (a
+    client's padding) are skipped: a loop of ``ceil(rows / chunk_size)``
+    steps, so a client alone (``fp.run(..., client_chunk=1)``) costs its own
+    rows; under ``vmap`` the loop runs to the largest client's count.
+    """
     _check_ggn(potential)
     n = X.shape[0]
     c = max(1, min(chunk_size, n))
@@ -260,7 +266,9 @@ def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_si
         return acc + J.reshape(-1, d).T @ HJ.reshape(-1, d), None
 
     acc0 = jnp.zeros((d,) if diagonal else (d, d), z.dtype)
-    out, _ = jax.lax.scan(chunk, acc0, (Xc, yc, wc))
+    used = jnp.max(jnp.where(weights != 0, jnp.arange(n_pad) + 1, 0))     # rows up to the last weighted one
+    out = jax.lax.fori_loop(0, (used + c - 1) // c,
+                            lambda i, acc: chunk(acc, (Xc[i], yc[i], wc[i]))[0], acc0)
     return out if diagonal else 0.5 * (out + out.T)
 
 

@@ -99,3 +99,19 @@ def test_bayes_admm_with_ivon_learns_the_fmnist_mlp(fmnist):
 def test_bayes_admm_with_ivon_reaches_fedavg_on_the_fmnist_mlp(fmnist):
     """4 rounds: 63%, FedAvg's 62.5% after 4 rounds with Adam in the same local steps."""
     assert bayes_admm_ivon_fmnist(fmnist, 4) > 0.5
+
+
+@pytest.mark.slow
+def test_tempered_bayes_admm_leads_fedavg_on_the_fmnist_mlp_after_10_rounds(fmnist):
+    """The benchmark's settings (5 local epochs: 94 steps of 32 rows): BayesADMM-IVON at
+    tau = 0.03 reached 79.7% (NLL 0.57) after 10 rounds, FedAvg with Adam in the same steps 75.8%
+    (0.76); the paper's 10-round numbers are 77.0% and 70.4%."""
+    fed, test, model = fmnist
+    admm = BayesADMM(client=IVON(num_steps=94, batch_size=32, map_steps=0), tau=0.03)
+    fedavg = fp.algorithms.FedAvg(client_optimizer="adam", learning_rate=1e-3, batch_size=32, local_epochs=5.0)
+    got = {}
+    for name, algo in (("admm", admm), ("fedavg", fedavg)):
+        res = fp.run(algo, model, fed, rounds=10, eval_data=test, eval_every=10, progress=False)
+        got[name] = res.history[-1]
+    assert got["admm"]["accuracy"] > 0.77 and got["admm"]["accuracy"] > got["fedavg"]["accuracy"] + 0.02
+    assert got["admm"]["nll"] < got["fedavg"]["nll"] - 0.1
