@@ -240,23 +240,30 @@ class NaturalLoop(Algorithm):
             return self.client
         return Laplace(hessian="ggn" if self.family == "full" else "diag_ggn")
 
+    def _rho(self, num_clients: int) -> float:
+        return 1.0 / num_clients if self.rho == "clients" else float(self.rho)
+
     def rho_value(self, ctx: Context) -> float:
-        return 1.0 / ctx.num_clients if self.rho == "clients" else float(self.rho)
+        return self._rho(ctx.num_clients)
 
     def alpha_value(self, ctx: Context) -> float:
         if self.alpha == "admm":
             return 1.0 / (1.0 + self.rho_value(ctx) * ctx.num_clients)
         return float(self.alpha)
 
+    def _gamma(self, num_clients: int, num_rows, n):
+        """The site step of a client of ``n`` rows (``n``: a number or an array of them)."""
+        if self.gamma == "size":
+            return n / float(num_rows)
+        if self.gamma == "clients":
+            return 1.0 / num_clients
+        if self.gamma == "rho":
+            return self._rho(num_clients)
+        return float(self.gamma)
+
     def gamma_value(self, ctx: Context, n):
         dt = jnp.result_type(float)
-        if self.gamma == "size":
-            return jnp.asarray(n, dt) / float(ctx.num_rows)
-        if self.gamma == "clients":
-            return jnp.asarray(1.0 / ctx.num_clients, dt)
-        if self.gamma == "rho":
-            return jnp.asarray(self.rho_value(ctx), dt)
-        return jnp.asarray(float(self.gamma), dt)
+        return jnp.asarray(self._gamma(ctx.num_clients, ctx.num_rows, jnp.asarray(n, dt)), dt)
 
     def rounds_for(self, num_clients: int, client_sizes, clients_per_round: int) -> int:
         """Default rounds: enough for every site to take in 99% of its client's curvature.
@@ -270,18 +277,11 @@ class NaturalLoop(Algorithm):
         most :data:`MAX_DEFAULT_ROUNDS`. BayesADMM (``alpha < 1``) converges at
         another rate and keeps :attr:`default_rounds`.
         """
-        if self.alpha != 1 and self.alpha != 1.0:
+        if self.alpha != 1:
             return int(self.default_rounds)
         sizes = np.asarray(client_sizes, np.float64)
         K, M = int(num_clients), int(clients_per_round)
-        if self.gamma == "size":
-            g = float(sizes.min() / sizes.sum())
-        elif self.gamma == "clients":
-            g = 1.0 / K
-        elif self.gamma == "rho":
-            g = 1.0 / K if self.rho == "clients" else float(self.rho)
-        else:
-            g = float(self.gamma)
+        g = float(np.min(self._gamma(K, sizes.sum(), sizes)))
         if g >= 1.0:
             return int(self.default_rounds)
         need = math.ceil((K / M) * math.log(0.01) / math.log1p(-g)) if g > 0 else MAX_DEFAULT_ROUNDS
