@@ -12,5 +12,11 @@ from .potential import Potential
 from .posteriors import Gaussian, GlobalPosterior, Samples
 
 __version__ = "0.1.0"
-from .run import Result, run
+from . import engine
+from .checkpoint import Checkpoint
+from .faults import Faults
+from .privacy import GaussianDP
+from .stragglers import Stragglers
+from .result import Result
+from .run import run
 from . import metrics, diagnostics, report

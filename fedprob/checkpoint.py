@@ -1,12 +1,12 @@
-"""Round checkpoints of ``fp.run``: arrays as .npz, metadata as JSON, no pickle.
+"""``fp.Checkpoint``: round checkpoints of ``fp.run``, arrays as .npz, metadata as JSON, no pickle.
 
-After round r, ``fp.run(..., checkpoint_dir=DIR)`` writes ``round-00000r.npz``
+After round r, ``fp.run(..., checkpoint=fp.Checkpoint(DIR))`` writes ``round-00000r.npz``
 (the leaves of the server and client states, in tree order) and then
 ``round-00000r.json`` (round, history, the npz's SHA-256, fingerprints). Each
 file is written to a temporary name and moved into place with ``os.replace``,
 so a crash mid-write never damages an existing checkpoint; the JSON is
 written last and names the hash of its arrays, so a checkpoint counts only
-when both files are complete. The newest two rounds are kept.
+when both files are complete. The newest ``keep`` rounds are kept (default 2).
 
 Loading never unpickles (``allow_pickle=False``): the tree structure comes
 from the run itself (``algorithm.init`` on the same inputs), and every leaf's
@@ -24,6 +24,7 @@ history of running 1..6 at once (up to the wall-clock ``time`` column).
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
 import json
@@ -39,6 +40,27 @@ import numpy as np
 FORMAT = 1
 _NAME = "round-{:06d}"
 _KEEP = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Checkpoint every round into ``dir`` and resume from it (module docstring).
+
+    dir: the directory (created when needed); a later run with the same inputs
+    and directory resumes from its newest checkpoint and gives exactly the
+    uninterrupted result. keep: how many of the newest rounds stay on disk (>= 1;
+    2 by default, so a damaged newest one falls back to the previous round).
+    """
+
+    dir: str
+    keep: int = _KEEP
+
+    def __post_init__(self):
+        if not isinstance(self.dir, (str, os.PathLike)) or not str(os.fspath(self.dir)):
+            raise ValueError(f"Checkpoint.dir must be a directory path, got {self.dir!r}")
+        object.__setattr__(self, "dir", os.fspath(self.dir))
+        if isinstance(self.keep, bool) or not isinstance(self.keep, (int, np.integer)) or self.keep < 1:
+            raise ValueError(f"Checkpoint.keep must be an integer >= 1, got {self.keep!r}")
 
 
 def _digest(*arrays) -> str:
@@ -108,8 +130,9 @@ def _json_default(v):
     raise TypeError(f"history value of type {type(v).__name__} is not JSON-serialisable")
 
 
-def save(directory: str, round_: int, server_state, client_states, history: list, prints: dict) -> str:
-    """Write round ``round_``'s checkpoint (atomically) and drop all but the newest two."""
+def save(directory: str, round_: int, server_state, client_states, history: list, prints: dict,
+         keep: int = _KEEP) -> str:
+    """Write round ``round_``'s checkpoint (atomically) and drop all but the newest ``keep``."""
     os.makedirs(directory, exist_ok=True)
     leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves((server_state, client_states))]
     arrays = {f"leaf_{i:05d}": a for i, a in enumerate(leaves)}
@@ -119,7 +142,7 @@ def save(directory: str, round_: int, server_state, client_states, history: list
             "arrays_sha256": _digest(*leaves), "fingerprints": prints, "history": history}
     text = json.dumps(meta, default=_json_default, allow_nan=True).encode()
     _atomic_write(base + ".json", lambda f: f.write(text))
-    for old in _rounds(directory)[_KEEP:]:
+    for old in _rounds(directory)[keep:]:
         for ext in (".json", ".npz"):
             p = os.path.join(directory, _NAME.format(old) + ext)
             if os.path.exists(p):
@@ -178,9 +201,9 @@ def restore(directory: str, prints: dict, server_state, client_states) -> Option
                 raise ValueError(
                     f"the checkpoint in {directory} was written for a different {field}: it has "
                     f"{theirs.get(field, ['?'])[0]}, this run has {prints[field][0]}; use another "
-                    "checkpoint_dir or the same inputs")
+                    "checkpoint directory or the same inputs")
         return r, server, clients, meta["history"]
     return None
 
 
-__all__ = ["save", "restore", "fingerprints"]
+__all__ = ["Checkpoint", "save", "restore", "fingerprints"]

@@ -29,18 +29,8 @@ def build_from_config(cfg: dict):
     return C.build(cfg)
 
 
-def summary_row(name: str, result, total: float) -> dict:
-    h = result.history[-1]
-    row = {"method": name, "rounds": len(result.history)}
-    for k in ("accuracy", "nll", "ece", "rmse", "coverage_95"):
-        if k in h:
-            row[k] = h[k]
-    row["time_s"] = total
-    row["compile_s"] = result.compile_time
-    return row
-
-
 def cmd_run(args) -> int:
+    from .demo import summary_row
     from .rundir import prepare, save_run
     from .run import run
 

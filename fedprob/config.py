@@ -5,9 +5,15 @@ arguments), ``[partition]`` (``num_clients``, ``scheme`` and the partition
 options), ``[model]`` (``name`` of a ``fedprob.models`` builder plus its
 keyword arguments), ``[algorithm]`` (``name`` in ``fedprob.algorithms`` plus
 its fields), optional ``[client]`` (``name`` of a ``fedprob.inference``
-backend plus its fields, passed as ``client=``) and ``[run]`` (``rounds``,
-``seed``, ``clients_per_round``, ``client_chunk``, ``eval_every``). An unknown
-table or key is a ValueError naming it and what is accepted there.
+backend plus its fields, passed as ``client=``), ``[run]`` (``rounds``,
+``seed``, ``clients_per_round``, ``eval_every``) and the options of ``fp.run``,
+each optional: ``[engine]`` (``name = "local"`` with ``client_chunk`` and
+``devices``, the number of ``jax.devices()`` to use; or ``name = "flower"``
+with ``num_nodes``), ``[faults]`` (``dropout_rate``, ``max_update_norm``),
+``[stragglers]`` (``rate``, ``policy``, ``min_fraction``) and ``[checkpoint]``
+(``dir``, ``keep``). ``[run] client_chunk`` of earlier releases still works
+with a FutureWarning (write ``[engine] client_chunk``). An unknown table or key
+is a ValueError naming it and what is accepted there.
 """
 from __future__ import annotations
 
@@ -15,8 +21,15 @@ import dataclasses
 import inspect
 import tomllib
 
-TABLES = ("data", "partition", "model", "algorithm", "client", "run")
-RUN_KEYS = ("rounds", "seed", "clients_per_round", "client_chunk", "eval_every")
+from .toml_text import dumps
+
+TABLES = ("data", "partition", "model", "algorithm", "client", "run", "engine", "faults", "stragglers",
+          "checkpoint")
+RUN_KEYS = ("rounds", "seed", "clients_per_round", "eval_every")
+OLD_RUN_KEYS = ("client_chunk",)       # deprecated: [engine] client_chunk
+ENGINE_KEYS = {"local": ("name", "client_chunk", "devices"), "flower": ("name", "num_nodes")}
+OPTION_KEYS = {"faults": ("dropout_rate", "max_update_norm"), "stragglers": ("rate", "policy", "min_fraction"),
+               "checkpoint": ("dir", "keep")}
 PARTITION_KEYS = ("num_clients", "scheme", "seed", "num_classes", "alpha", "alpha_size", "min_size",
                   "heterogeneity", "classes_per_client", "groups", "feature")
 UCI_SETS = ("air_quality", "bike_sharing", "wine_quality", "real_estate", "forest_fires")
@@ -31,6 +44,10 @@ HELP = """configuration (TOML):
   [algorithm]  name = a fedprob.algorithms class (FedAvg, FedPA, EPMCMC, PredictiveBayes, ...) + its fields
   [client]     name = a fedprob.inference backend (NUTS, SGHMC, Laplace, ...) + its fields (optional)
   [run]        {run}
+  [engine]     name = local (client_chunk, devices = how many of jax.devices()) | flower (num_nodes)
+  [faults]     dropout_rate, max_update_norm
+  [stragglers] rate, policy = truncate | discard, min_fraction
+  [checkpoint] dir = "DIR" (resume: run again with more rounds), keep
 override any key with --set table.key=value (value in TOML syntax, e.g. --set algorithm.learning_rate=0.05)
 """.format(sets=", ".join(DATA_SETS), run=", ".join(RUN_KEYS))
 
@@ -90,7 +107,13 @@ def validate(cfg: dict) -> dict:
     allowed = _params(fn)
     _check_keys("data", d, None if allowed is None else (allowed | {"name", "root"}) - {"name_"})
     _check_keys("partition", cfg.get("partition", {}), PARTITION_KEYS)
-    _check_keys("run", cfg.get("run", {}), RUN_KEYS)
+    _check_keys("run", cfg.get("run", {}), RUN_KEYS + OLD_RUN_KEYS)
+    engine = cfg.get("engine", {}).get("name", "local")
+    if engine not in ENGINE_KEYS:
+        raise ValueError(f"unknown engine '{engine}' in [engine] (known: {', '.join(ENGINE_KEYS)})")
+    _check_keys("engine", cfg.get("engine", {}), ENGINE_KEYS[engine])
+    for table, keys in OPTION_KEYS.items():
+        _check_keys(table, cfg.get(table, {}), keys)
     for table, module in (("model", models), ("algorithm", algorithms), ("client", inference)):
         if table in cfg or table in ("model", "algorithm"):
             obj, kw = _named(module, cfg.get(table, {}), table)
@@ -125,28 +148,6 @@ def override(cfg: dict, assignments) -> dict:
     return out
 
 
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise ValueError(f"cannot write {type(v).__name__} to TOML")
-
-
-def dumps(cfg: dict) -> str:
-    """TOML text of a configuration of flat tables (strings, numbers, booleans, lists)."""
-    lines = []
-    for t, v in cfg.items():
-        lines.append(f"[{t}]")
-        lines += [f"{k} = {_toml_value(x)}" for k, x in v.items()]
-        lines.append("")
-    return "\n".join(lines)
-
-
 def build(cfg: dict):
     """(algorithm, model, fed, eval_data, run kwargs) from a validated configuration."""
     from . import algorithms, inference, models
@@ -177,7 +178,51 @@ def build(cfg: dict):
         backend_cls, backend_kw = _named(inference, cfg["client"], "client")
         algo_kw["client"] = backend_cls(**backend_kw)
     algo = algo_cls(**algo_kw)
-    return algo, model, fed, ds.test, dict(cfg.get("run", {}))
+    return algo, model, fed, ds.test, run_options(cfg)
 
 
-__all__ = ["validate", "loads", "override", "dumps", "build", "HELP", "TABLES"]
+def run_options(cfg: dict) -> dict:
+    """``fp.run``'s keyword arguments from ``[run]``, ``[engine]``, ``[faults]``, ``[stragglers]`` and
+    ``[checkpoint]`` (option objects; ``[run] client_chunk`` moves into the engine with a FutureWarning)."""
+    from . import deprecated
+    from .checkpoint import Checkpoint
+    from .engine import Flower, Local
+    from .faults import Faults
+    from .stragglers import Stragglers
+
+    kw = dict(cfg.get("run", {}))
+    engine = dict(cfg.get("engine", {}))
+    name = engine.pop("name", "local")
+    if "client_chunk" in kw:
+        if "client_chunk" in engine:
+            raise ValueError("client_chunk is given in [run] and in [engine]: keep only [engine] client_chunk")
+        engine["client_chunk"] = kw.pop("client_chunk")
+        deprecated.warn("[run] client_chunk", "[engine] client_chunk", stacklevel=2)
+    if name == "flower":
+        kw["engine"] = Flower(**engine)
+    else:
+        if "devices" in engine:
+            engine["devices"] = _devices(engine["devices"])
+        kw["engine"] = Local(**engine)
+    if "faults" in cfg or "stragglers" in cfg:
+        s = cfg.get("stragglers")
+        if s is not None and "rate" not in s:
+            raise ValueError("[stragglers] needs rate (the probability that a participant straggles)")
+        kw["faults"] = Faults(**cfg.get("faults", {}), stragglers=None if s is None else Stragglers(**s))
+    if "checkpoint" in cfg:
+        kw["checkpoint"] = Checkpoint(**cfg["checkpoint"])
+    return kw
+
+
+def _devices(n):
+    """The first ``n`` of ``jax.devices()``."""
+    import jax
+
+    devs = jax.devices()
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(devs):
+        raise ValueError(f"[engine] devices is how many of the {len(devs)} devices to use (1 to {len(devs)}), "
+                         f"got {n!r}")
+    return devs[:n]
+
+
+__all__ = ["validate", "loads", "override", "dumps", "build", "run_options", "HELP", "TABLES"]

@@ -44,6 +44,18 @@ def demo_methods(rounds: int, quick: bool):
     ]
 
 
+def summary_row(name: str, result, total: float) -> dict:
+    """One row of the demo's table (and of ``fedprob run``'s): the last round's metrics and the times."""
+    h = result.history[-1]
+    row = {"method": name, "rounds": len(result.history)}
+    for k in ("accuracy", "nll", "ece", "rmse", "coverage_95"):
+        if k in h:
+            row[k] = h[k]
+    row["time_s"] = total
+    row["compile_s"] = result.compile_time
+    return row
+
+
 def slug(name: str) -> str:
     """A directory name for a method name."""
     import re
@@ -57,7 +69,6 @@ def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed:
     out: a directory to write one run directory per method into (:mod:`fedprob.rundir`).
     """
     from . import data, models
-    from .cli import summary_row
     from .run import run
 
     ds = data.load_digits(seed=seed)

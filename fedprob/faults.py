@@ -1,16 +1,20 @@
-"""Simulated faults and the screening of client messages before aggregation.
+"""``fp.Faults``: simulated faults of a run, and the screening of client messages before aggregation.
 
 :class:`Faults` configures what the local engine does to each round's M
-participants (shapes never change, so nothing recompiles):
+participants (shapes never change, so nothing recompiles)::
+
+    fp.Faults(dropout_rate=0.1, stragglers=fp.Stragglers(0.2, policy="truncate"), max_update_norm=10.0)
 
 * ``dropout_rate``: each participant independently fails to report with this
   probability (its mask bit is dropped; it still computes, since shapes are
   fixed, but nothing it produced is used and its client state is unchanged).
-* ``straggler_rate``: each reporting participant independently misses the
-  round's deadline on its local work with this probability. A straggler
-  completes the fraction ``f ~ Uniform[straggler_min_fraction, 1)`` of its
+* ``stragglers``: a :class:`~fedprob.stragglers.Stragglers` (a number is short
+  for ``Stragglers(rate=number)``; None: none). Each reporting participant
+  independently misses the round's deadline on its local work with
+  probability ``rate``. A straggler
+  completes the fraction ``f ~ Uniform[min_fraction, 1)`` of its
   local steps by the deadline (one draw per straggler and round), i.e.
-  ``s_k = floor(f * S_k)`` of its ``S_k`` steps. ``straggler_policy``:
+  ``s_k = floor(f * S_k)`` of its ``S_k`` steps. ``policy``:
 
   - ``"truncate"`` (default): the straggler's update after its ``s_k``
     completed steps is what the server receives and aggregates, with the same
@@ -58,31 +62,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .validation import check_choice, check_fraction, check_positive
+from .stragglers import STRAGGLER_POLICIES, Stragglers
+from .validation import check_fraction, check_positive
 
 #: fold_in tag of the faults' randomness (independent of client selection and client keys).
 FAULT_TAG = 0x0FA17
 #: fold_in tag of the stragglers' completed fractions of local work (drawn only under truncation).
 WORK_TAG = 0x5106
-STRAGGLER_POLICIES = ("truncate", "discard")
 
 
 @dataclasses.dataclass(frozen=True)
 class Faults:
-    """Fault simulation and the norm bound of one run (module docstring)."""
+    """Fault simulation and the norm bound of one run (module docstring): ``dropout_rate`` in
+    [0, 1), ``stragglers`` a :class:`~fedprob.stragglers.Stragglers` (a number ``r`` is short for
+    ``Stragglers(rate=r)``; None or 0: none), ``max_update_norm`` positive or None."""
 
     dropout_rate: float = 0.0
-    straggler_rate: float = 0.0
+    stragglers: Optional[Stragglers] = None
     max_update_norm: Optional[float] = None
-    straggler_policy: str = "truncate"
-    straggler_min_fraction: float = 0.0
 
     def __post_init__(self):
+        s = self.stragglers
+        if isinstance(s, (int, float, np.integer, np.floating)) and not isinstance(s, bool):
+            s = Stragglers(float(s)) if s else None
+            object.__setattr__(self, "stragglers", s)
+        if s is not None and not isinstance(s, Stragglers):
+            raise TypeError(f"Faults.stragglers must be a fp.Stragglers (or a rate), got {type(s).__name__}")
         check_fraction("dropout_rate", self.dropout_rate, high_open=True)
-        check_fraction("straggler_rate", self.straggler_rate, high_open=True)
         check_positive("max_update_norm", self.max_update_norm, allow_none=True)
-        check_choice("straggler_policy", self.straggler_policy, STRAGGLER_POLICIES)
-        check_fraction("straggler_min_fraction", self.straggler_min_fraction, high_open=True)
+
+    @property
+    def straggler_rate(self) -> float:
+        return 0.0 if self.stragglers is None else self.stragglers.rate
+
+    @property
+    def straggler_policy(self) -> str:
+        return "truncate" if self.stragglers is None else self.stragglers.policy
+
+    @property
+    def straggler_min_fraction(self) -> float:
+        return 0.0 if self.stragglers is None else self.stragglers.min_fraction
 
     @property
     def active(self) -> bool:
@@ -91,7 +110,13 @@ class Faults:
     @property
     def truncates(self) -> bool:
         """Stragglers are simulated and their partial updates kept (where the algorithm has them)."""
-        return self.straggler_rate > 0 and self.straggler_policy == "truncate"
+        return self.stragglers is not None and self.stragglers.truncates
+
+    def fingerprint(self) -> str:
+        """One canonical description of what these settings simulate (checkpoints compare it)."""
+        return (f"Faults(dropout_rate={self.dropout_rate!r}, straggler_rate={self.straggler_rate!r}, "
+                f"max_update_norm={self.max_update_norm!r}, straggler_policy={self.straggler_policy!r}, "
+                f"straggler_min_fraction={self.straggler_min_fraction!r})")
 
 
 class Draw(NamedTuple):
@@ -202,5 +227,5 @@ def fault_records(participants, present, straggler, finite, norm, bound, steps=N
             "excluded": [f["client"] for f in faults], "faults": faults}
 
 
-__all__ = ["Faults", "Draw", "Screen", "draw", "step_budget", "screen", "fault_records", "tree_norm",
+__all__ = ["Faults", "Stragglers", "Draw", "Screen", "draw", "step_budget", "screen", "fault_records", "tree_norm",
            "update_of", "STRAGGLER_POLICIES"]

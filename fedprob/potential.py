@@ -553,3 +553,14 @@ def _identity_key(model, model_kwargs, x_shape, y_shape, x_dtype, y_dtype) -> tu
 def mean_loss(potential: Potential, z, target: LocalTarget, key=None, batch_size=None):
     """``-log_density / n``: the client objective of point-estimate optimizers."""
     return -potential.log_density(z, target, key, batch_size) / jnp.maximum(target.data.n, 1)
+
+
+def get_potential(model, fed, model_kwargs: Optional[dict] = None) -> Potential:
+    """The :class:`Potential` of ``model`` (with ``model_kwargs``) on data shaped like the
+    :class:`~fedprob.data.FederatedData` ``fed``.
+
+    Building one traces the model abstractly (no FLOPs). Potentials compare
+    equal when they trace the same program, so compiled functions are shared
+    between equal ones and never between different ``model_kwargs``.
+    """
+    return Potential(model, fed.X[0], fed.y[0], model_kwargs)

@@ -94,12 +94,12 @@ def run_record(result, name: Optional[str] = None, config: Optional[dict] = None
 def save_run(out, result, config: Optional[dict] = None, total_time: Optional[float] = None,
              name: Optional[str] = None, overwrite: bool = False, num_draws: int = 400) -> Path:
     """Write ``result`` as a run directory (layout in the module docstring); returns its path."""
-    from . import config as C
+    from .toml_text import dumps
 
     out = prepare(out, overwrite)
     rec = run_record(result, name, config, total_time, num_draws)
     if config:
-        (out / "config.toml").write_text(C.dumps(config))
+        (out / "config.toml").write_text(dumps(config))
     (out / "name.txt").write_text(rec["name"] + "\n")
     (out / "history.json").write_text(json.dumps(rec["history"], indent=1))
     cols = list(dict.fromkeys(k for h in result.history for k, v in h.items()

@@ -14,7 +14,7 @@ MODEL = linreg_model(prior_scale=1.0, sigma=0.5)
 # server Adam: the optimiser state must be saved and restored too
 ALGO = fp.algorithms.FedAvg(local_steps=3, batch_size=4, learning_rate=0.1, server_optimizer="adam",
                             server_learning_rate=0.05)
-OPTS = dict(seed=7, clients_per_round=3, dropout_rate=0.2, progress=False)
+OPTS = dict(seed=7, clients_per_round=3, faults=fp.Faults(dropout_rate=0.2), progress=False)
 
 
 def make_fed(K=5, seed=0, d=2):
@@ -55,7 +55,7 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, monkeypatch, uninterrupte
 
     monkeypatch.setattr(ckpt, "save", crash_after_three)
     with pytest.raises(KeyboardInterrupt):
-        fp.run(ALGO, MODEL, fed, rounds=6, checkpoint_dir=str(tmp_path), **OPTS)
+        fp.run(ALGO, MODEL, fed, rounds=6, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     monkeypatch.setattr(ckpt, "save", real_save)
     assert sorted(os.listdir(tmp_path)) == ["round-000002.json", "round-000002.npz",
                                             "round-000003.json", "round-000003.npz"]
@@ -64,35 +64,35 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, monkeypatch, uninterrupte
         assert all(z[k].dtype != object for k in z.files)
     meta = json.loads((tmp_path / "round-000003.json").read_text())
     assert meta["round"] == 3 and len(meta["history"]) == 3
-    resumed = fp.run(ALGO, MODEL, fed, rounds=6, checkpoint_dir=str(tmp_path), **OPTS)
+    resumed = fp.run(ALGO, MODEL, fed, rounds=6, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     assert_same_run(resumed, uninterrupted)
     assert uninterrupted.history[-1]["dropped"] or any(h["dropped"] for h in uninterrupted.history)
     # everything done already: a third call runs nothing and returns the same result
-    again = fp.run(ALGO, MODEL, fed, rounds=6, checkpoint_dir=str(tmp_path), **OPTS)
+    again = fp.run(ALGO, MODEL, fed, rounds=6, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     assert_same_run(again, uninterrupted)
 
 
 def test_truncated_checkpoint_falls_back_to_previous_round(tmp_path, uninterrupted):
     fed = make_fed()
-    fp.run(ALGO, MODEL, fed, rounds=3, checkpoint_dir=str(tmp_path), **OPTS)
+    fp.run(ALGO, MODEL, fed, rounds=3, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     npz = tmp_path / "round-000003.npz"
     npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])
     with pytest.warns(RuntimeWarning, match="round-000003 is unreadable"):
-        resumed = fp.run(ALGO, MODEL, fed, rounds=6, checkpoint_dir=str(tmp_path), **OPTS)
+        resumed = fp.run(ALGO, MODEL, fed, rounds=6, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     assert_same_run(resumed, uninterrupted)
 
 
 def test_foreign_checkpoint_is_refused_naming_what_differs(tmp_path):
     fed = make_fed()
-    fp.run(ALGO, MODEL, fed, rounds=1, checkpoint_dir=str(tmp_path), **OPTS)
+    fp.run(ALGO, MODEL, fed, rounds=1, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     d = str(tmp_path)
     other_algo = fp.algorithms.FedAvg(local_steps=3, batch_size=4, learning_rate=0.2,
                                       server_optimizer="adam", server_learning_rate=0.05)
     with pytest.raises(ValueError, match="different algorithm.*learning_rate=0.1"):
-        fp.run(other_algo, MODEL, fed, rounds=2, checkpoint_dir=d, **OPTS)
+        fp.run(other_algo, MODEL, fed, rounds=2, checkpoint=fp.Checkpoint(d), **OPTS)
     with pytest.raises(ValueError, match="different data"):
-        fp.run(ALGO, MODEL, make_fed(seed=1), rounds=2, checkpoint_dir=d, **OPTS)
+        fp.run(ALGO, MODEL, make_fed(seed=1), rounds=2, checkpoint=fp.Checkpoint(d), **OPTS)
     with pytest.raises(ValueError, match="different model"):
-        fp.run(ALGO, linreg_model(prior_scale=2.0), fed, rounds=2, checkpoint_dir=d, **OPTS)
+        fp.run(ALGO, linreg_model(prior_scale=2.0), fed, rounds=2, checkpoint=fp.Checkpoint(d), **OPTS)
     with pytest.raises(ValueError, match="different settings.*seed"):
-        fp.run(ALGO, MODEL, fed, rounds=2, checkpoint_dir=d, **{**OPTS, "seed": 8})
+        fp.run(ALGO, MODEL, fed, rounds=2, checkpoint=fp.Checkpoint(d), **{**OPTS, "seed": 8})

@@ -76,7 +76,7 @@ def test_partial_participation_samples_distinct_clients_and_covers_all():
 def test_chunked_clients_equal_vmapped_clients():
     fed = make_fed()
     a = fp.run(ALGO, model, fed, rounds=3, seed=2, progress=False)
-    b = fp.run(ALGO, model, fed, rounds=3, seed=2, progress=False, client_chunk=2)
+    b = fp.run(ALGO, model, fed, rounds=3, seed=2, progress=False, engine=fp.engine.Local(client_chunk=2))
     np.testing.assert_allclose(np.asarray(a.server_state[0]), np.asarray(b.server_state[0]), rtol=1e-5,
                                atol=1e-6)
 

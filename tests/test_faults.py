@@ -64,7 +64,8 @@ def test_norm_bound_quarantines_an_oversized_finite_update():
     free = fp.run(algo, MODEL, fed, rounds=2, seed=0, progress=False)
     assert free.faults == []                                    # off by default: the outlier is averaged in
     with pytest.warns(RuntimeWarning, match="max_update_norm"):
-        bounded = fp.run(algo, MODEL, fed, rounds=2, seed=0, progress=False, max_update_norm=5.0)
+        bounded = fp.run(algo, MODEL, fed, rounds=2, seed=0, progress=False,
+                         faults=fp.Faults(max_update_norm=5.0))
     assert [f[:2] for f in bounded.faults] == [(1, 1), (2, 1)]
     assert all(f[2].startswith("update norm ") and f[2].endswith("> bound 5") for f in bounded.faults)
     # the bounded run equals a run without client 1 at all
@@ -72,9 +73,9 @@ def test_norm_bound_quarantines_an_oversized_finite_update():
     w_f = np.asarray(free.server_state[0])
     assert np.linalg.norm(w_f - W_TRUE) > 1.0 and np.linalg.norm(w_b - W_TRUE) < np.linalg.norm(w_f - W_TRUE)
     with pytest.raises(ValueError, match="max_update_norm must be a positive"):
-        fp.run(algo, MODEL, fed, rounds=1, progress=False, max_update_norm=-1.0)
+        fp.Faults(max_update_norm=-1.0)
     with pytest.raises(ValueError, match="dropout_rate must lie in"):
-        fp.run(algo, MODEL, fed, rounds=1, progress=False, dropout_rate=1.0)
+        fp.Faults(dropout_rate=1.0)
 
 
 def test_fedavg_with_dropout_converges_on_a_conjugate_problem():
@@ -83,7 +84,7 @@ def test_fedavg_with_dropout_converges_on_a_conjugate_problem():
     mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
     # one full-batch local step: FedAvg is gradient descent on the global mean loss
     algo = fp.algorithms.FedAvg(local_steps=1, batch_size=None, learning_rate=0.05)
-    r = fp.run(algo, MODEL, fed, rounds=80, seed=0, progress=False, dropout_rate=0.5)
+    r = fp.run(algo, MODEL, fed, rounds=80, seed=0, progress=False, faults=fp.Faults(dropout_rate=0.5))
     dropped = sum(len(h["dropped"]) for h in r.history)
     assert 200 <= dropped <= 280                              # about half of 6 x 80 (240 +- 2.5 sd)
     err = np.abs(np.asarray(r.server_state[0]) - mean) / np.sqrt(np.diag(cov))
@@ -97,7 +98,7 @@ def test_pvi_with_dropout_reaches_the_conjugate_answer():
     fed = fp.data.FederatedData.from_clients(cl)
     mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
     algo = fp.algorithms.PVI(family="full", damping=1.0)
-    r = fp.run(algo, MODEL, fed, rounds=12, seed=0, progress=False, dropout_rate=0.3)
+    r = fp.run(algo, MODEL, fed, rounds=12, seed=0, progress=False, faults=fp.Faults(dropout_rate=0.3))
     dropped = sum(len(h["dropped"]) for h in r.history)
     assert 8 <= dropped <= 40                                 # about 0.3 x 72 = 22
     seen = set().union(*[set(h["participants"]) - set(h["dropped"]) for h in r.history])
@@ -129,7 +130,7 @@ class CountingAlgorithm(Algorithm):
 def test_stateful_algorithm_keeps_absent_clients_state():
     fed = fp.data.FederatedData.from_clients(clients(K=6, n=3))
     r = fp.run(CountingAlgorithm(), MODEL, fed, rounds=12, seed=1, progress=False, clients_per_round=4,
-               dropout_rate=0.3, straggler_rate=0.2)
+               faults=fp.Faults(dropout_rate=0.3, stragglers=0.2))
     counts = np.zeros(6)
     for h in r.history:
         assert len(h["participants"]) == 4 and set(h["stragglers"]).isdisjoint(h["dropped"])
@@ -144,8 +145,9 @@ def test_same_seed_bit_identical_with_every_random_option():
     from fedprob.privacy import GaussianDP
 
     fed = fp.data.FederatedData.from_clients(clients(K=5))
-    opts = dict(rounds=3, seed=11, progress=False, clients_per_round=3, dropout_rate=0.2,
-                straggler_rate=0.2, privacy=GaussianDP(clip_norm=0.5, noise_multiplier=0.8))
+    opts = dict(rounds=3, seed=11, progress=False, clients_per_round=3,
+                faults=fp.Faults(dropout_rate=0.2, stragglers=0.2),
+                privacy=GaussianDP(clip_norm=0.5, noise_multiplier=0.8))
     algo = fp.algorithms.FedAvg(local_steps=3, batch_size=4, learning_rate=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -38,7 +38,7 @@ def test_flower_simulation_reproduces_the_local_engine():
     fed = fp.data.partition(X, y, num_clients=3, scheme="iid", seed=0)
     algo = fp.algorithms.EPMCMC(client=fp.inference.Laplace())
     local = fp.run(algo, linreg_model(), fed, progress=False)
-    flower = fp.run(algo, linreg_model(), fed, engine="flower", num_nodes=2)
+    flower = fp.run(algo, linreg_model(), fed, engine=fp.engine.Flower(num_nodes=2))
     assert flower.info["engine"] == "flower" and flower.info["num_nodes"] == 2
     np.testing.assert_allclose(np.asarray(flower.posterior.mean["w"]), np.asarray(local.posterior.mean["w"]),
                                rtol=1e-5, atol=1e-6)
@@ -147,11 +147,11 @@ def test_server_rounds_apply_faults_and_privacy_as_the_local_engine():
     dp = fp.privacy.GaussianDP(clip_norm=1.0, noise_multiplier=0.5)
     with pytest.warns(RuntimeWarning, match="left clients out"):
         local = fp.run(algo, linreg_model(), fed, rounds=4, clients_per_round=2, seed=3, progress=False,
-                       dropout_rate=0.3, max_update_norm=BOUND, privacy=dp)
+                       faults=Faults(dropout_rate=0.3, max_update_norm=BOUND), privacy=dp)
     ctx, data, templates = flower.prepare(algo, linreg_model(), fed, seed=3)
     handle = flower.client_handler(algo, ctx, data, templates)
     server, clients, hist = flower.serve(algo, ctx, data, 4, 3, 2, [7], _in_process(handle),
-                                         faults=Faults(0.3, 0.0, BOUND), privacy=dp)
+                                         faults=Faults(0.3, None, BOUND), privacy=dp)
     cols = ("participants", "dropped", "stragglers", "excluded", "faults", "server_update_ok", "dp_epsilon")
     assert [{c: h[c] for c in cols} for h in hist] == [{c: h[c] for c in cols} for h in local.history]
     assert any(h["dropped"] for h in hist) and any(h["excluded"] for h in hist)

@@ -31,7 +31,7 @@ for name in names:
     algo, kw = CASES[name]()
     out[name] = summary(fp.run(algo, linreg_model(), fed, progress=False, **kw))
 try:
-    fp.run(algo, linreg_model(), fed, progress=False, checkpoint_dir=tempfile.mkdtemp(), **kw)
+    fp.run(algo, linreg_model(), fed, progress=False, checkpoint=fp.Checkpoint(tempfile.mkdtemp()), **kw)
 except ValueError as e:
     out["checkpoint_refused"] = str(e)
 print(json.dumps(out))

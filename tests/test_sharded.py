@@ -18,10 +18,12 @@ fed = fp.data.partition(X, y, num_clients=6, scheme="iid", seed=0)
 out = {}
 cases = {"epmcmc": (fp.algorithms.EPMCMC(client=fp.inference.Laplace()), {}),
          "fedavg": (fp.algorithms.FedAvg(local_steps=5, batch_size=8, learning_rate=0.01),
-                    {"rounds": 3, "clients_per_round": 5, "client_chunk": 2, "straggler_rate": 0.4})}
+                    {"rounds": 3, "clients_per_round": 5, "faults": fp.Faults(stragglers=0.4)})}
 for name, (algo, kw) in cases.items():
-    one = fp.run(algo, linreg_model(), fed, progress=False, devices=jax.devices()[:1], **kw)
-    four = fp.run(algo, linreg_model(), fed, progress=False, **kw)
+    chunk = 2 if name == "fedavg" else None
+    one = fp.run(algo, linreg_model(), fed, progress=False,
+                 engine=fp.engine.Local(devices=jax.devices()[:1], client_chunk=chunk), **kw)
+    four = fp.run(algo, linreg_model(), fed, progress=False, engine=fp.engine.Local(client_chunk=chunk), **kw)
     out[name] = {"one": np.asarray(one.posterior.mean["w"]).tolist(),
                  "four": np.asarray(four.posterior.mean["w"]).tolist(),
                  "engine": four.info["engine"], "devices": len(four.info["devices"]),

@@ -30,7 +30,9 @@ CLIENTS = clients()
 FED = fp.data.FederatedData.from_clients(CLIENTS)
 # full-batch local gradient descent, so that the oracle below is plain numpy
 FEDAVG = fp.algorithms.FedAvg(local_steps=S, batch_size=None, learning_rate=LR)
-OPTS = dict(rounds=3, seed=3, progress=False, straggler_rate=0.5, dropout_rate=0.1)
+OPTS = dict(rounds=3, seed=3, progress=False,
+            faults=fp.Faults(dropout_rate=0.1, stragglers=fp.Stragglers(0.5)))
+DISCARD = fp.Faults(dropout_rate=0.1, stragglers=fp.Stragglers(0.5, policy="discard"))
 
 
 def fedavg_by_hand(history, truncate):
@@ -62,7 +64,7 @@ def truncated():
 
 @pytest.fixture(scope="module")
 def discarded():
-    return fp.run(FEDAVG, MODEL, FED, straggler_policy="discard", **OPTS)
+    return fp.run(FEDAVG, MODEL, FED, **{**OPTS, "faults": DISCARD})
 
 
 def test_truncated_fedavg_straggler_is_a_client_with_fewer_steps(truncated):
@@ -91,8 +93,8 @@ def test_discard_policy_leaves_stragglers_out_with_the_same_draws(truncated, dis
 
 
 def test_history_records_stragglers_and_resumes_bit_for_bit(tmp_path, truncated):
-    fp.run(FEDAVG, MODEL, FED, checkpoint_dir=str(tmp_path), **{**OPTS, "rounds": 2})
-    resumed = fp.run(FEDAVG, MODEL, FED, checkpoint_dir=str(tmp_path), **OPTS)
+    fp.run(FEDAVG, MODEL, FED, checkpoint=fp.Checkpoint(str(tmp_path)), **{**OPTS, "rounds": 2})
+    resumed = fp.run(FEDAVG, MODEL, FED, checkpoint=fp.Checkpoint(str(tmp_path)), **OPTS)
     strip = lambda r: [{k: v for k, v in h.items() if k != "time"} for h in r.history]  # noqa: E731
     assert strip(resumed) == strip(truncated)
     np.testing.assert_array_equal(np.asarray(resumed.server_state[0]), np.asarray(truncated.server_state[0]))
@@ -101,14 +103,14 @@ def test_history_records_stragglers_and_resumes_bit_for_bit(tmp_path, truncated)
         assert len(h["straggler_steps"]) == len(h["stragglers"])
     # a different policy is a different run setting: its checkpoint is not resumed
     with pytest.raises(ValueError, match="settings"):
-        fp.run(FEDAVG, MODEL, FED, checkpoint_dir=str(tmp_path), **{**OPTS, "straggler_policy": "discard"})
+        fp.run(FEDAVG, MODEL, FED, checkpoint=fp.Checkpoint(str(tmp_path)), **{**OPTS, "faults": DISCARD})
 
 
 def test_completed_steps_are_floor_of_a_uniform_fraction_and_bad_settings_fail():
-    from fedprob.faults import WORK_TAG, Faults, draw, step_budget
+    from fedprob.faults import WORK_TAG, Faults, Stragglers, draw, step_budget
 
     key = jax.random.PRNGKey(7)
-    f = Faults(straggler_rate=0.5, straggler_min_fraction=0.5)
+    f = Faults(stragglers=Stragglers(0.5, min_fraction=0.5))
     d = draw(key, 4000, f)
     frac = np.asarray(jax.random.uniform(jax.random.fold_in(key, WORK_TAG), (4000,), minval=0.5, maxval=1.0))
     np.testing.assert_array_equal(np.asarray(d.fraction), frac)
@@ -119,15 +121,17 @@ def test_completed_steps_are_floor_of_a_uniform_fraction_and_bad_settings_fail()
     np.testing.assert_array_equal(b[~late], full[~late])
     np.testing.assert_array_equal(b[late], np.floor(frac[late] * full[late]).astype(int))
     assert np.all((b[late] >= full[late] // 2) & (b[late] < full[late]))
-    assert draw(key, 8, Faults(straggler_rate=0.5, straggler_policy="discard")).fraction is None
-    with pytest.raises(ValueError, match="straggler_policy must be one of"):
-        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, straggler_rate=0.1, straggler_policy="late")
-    with pytest.raises(ValueError, match="straggler_min_fraction must lie in"):
-        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, straggler_rate=0.1, straggler_min_fraction=1.0)
-    with pytest.raises(ValueError, match="does not support straggler_min_fraction"):
-        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, engine="flower", straggler_min_fraction=0.5)
-    with pytest.raises(ValueError, match="straggler_policy=.discard."):
-        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, engine="flower", straggler_rate=0.2)
+    assert draw(key, 8, Faults(stragglers=Stragglers(0.5, policy="discard"))).fraction is None
+    with pytest.raises(ValueError, match="Stragglers.policy must be one of"):
+        Stragglers(0.1, policy="late")
+    with pytest.raises(ValueError, match=r"Stragglers.min_fraction must lie in \[0, 1\)"):
+        Stragglers(0.1, min_fraction=1.0)
+    flower = fp.engine.Flower()
+    with pytest.raises(ValueError, match="does not support Stragglers.min_fraction"):
+        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, engine=flower,
+               faults=Faults(stragglers=Stragglers(0.0, min_fraction=0.5)))
+    with pytest.raises(ValueError, match="policy='discard'"):
+        fp.run(FEDAVG, MODEL, FED, rounds=1, progress=False, engine=flower, faults=Faults(stragglers=0.2))
 
 
 def test_pvi_with_laplace_clients_falls_back_to_discard_and_reaches_the_conjugate_answer():
@@ -137,7 +141,7 @@ def test_pvi_with_laplace_clients_falls_back_to_discard_and_reaches_the_conjugat
     fed = fp.data.FederatedData.from_clients(cl)
     mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
     algo = fp.algorithms.PVI(family="full", damping=1.0, client=fp.inference.Laplace(hessian="ggn", num_steps=30))
-    r = fp.run(algo, MODEL, fed, rounds=8, seed=0, progress=False, straggler_rate=0.3)
+    r = fp.run(algo, MODEL, fed, rounds=8, seed=0, progress=False, faults=fp.Faults(stragglers=0.3))
     late = [s for h in r.history for s in h["straggler_steps"]]
     assert late and all(s == 0 for s in late)
     assert r.info["straggler_policy"] == "discard (no partial result)"
@@ -155,7 +159,7 @@ FEDPA = fp.algorithms.FedPA(
 
 def test_fedpa_falls_back_to_discard():
     """Sampler clients have no partial result: FedPA's stragglers are discarded, the run stays finite."""
-    t = fp.run(FEDPA, MODEL, FED, rounds=3, seed=1, progress=False, straggler_rate=0.4)
+    t = fp.run(FEDPA, MODEL, FED, rounds=3, seed=1, progress=False, faults=fp.Faults(stragglers=0.4))
     assert any(h["stragglers"] for h in t.history)
     assert all(s == 0 for h in t.history for s in h["straggler_steps"])
     assert t.info["straggler_policy"] == "discard (no partial result)"
@@ -165,9 +169,10 @@ def test_fedpa_falls_back_to_discard():
 
 @pytest.mark.slow
 def test_fedpa_fallback_is_the_discard_policy():
-    opts = dict(rounds=3, seed=1, progress=False, straggler_rate=0.4)
+    opts = dict(rounds=3, seed=1, progress=False, faults=fp.Faults(stragglers=0.4))
     t = fp.run(FEDPA, MODEL, FED, **opts)
-    d = fp.run(FEDPA, MODEL, FED, straggler_policy="discard", **opts)
+    d = fp.run(FEDPA, MODEL, FED, **{**opts,
+                                      "faults": fp.Faults(stragglers=fp.Stragglers(0.4, policy="discard"))})
     np.testing.assert_array_equal(np.asarray(t.server_state.params), np.asarray(d.server_state.params))
     assert [h["stragglers"] for h in t.history] == [h["stragglers"] for h in d.history]
 
@@ -176,7 +181,7 @@ def test_truncated_ivon_clients_send_the_gaussian_they_reached():
     """Small default-run version of the convergence test below: PVI with IVON clients whose
     stragglers stop early (some inside the mode search, some inside the IVON steps)."""
     algo = fp.algorithms.PVI(family="diag", damping=1.0, client=fp.inference.IVON(num_steps=40, map_steps=10))
-    r = fp.run(algo, MODEL, FED, rounds=3, seed=0, progress=False, straggler_rate=0.6)
+    r = fp.run(algo, MODEL, FED, rounds=3, seed=0, progress=False, faults=fp.Faults(stragglers=0.6))
     steps = [s for h in r.history for s in h["straggler_steps"]]
     assert any(0 < s <= 10 for s in steps) and any(10 < s < 50 for s in steps)
     assert all(h["server_update_ok"] and not h["excluded"] for h in r.history)
@@ -193,7 +198,7 @@ def test_pvi_with_truncated_ivon_clients_converges():
     fed = fp.data.FederatedData.from_clients(cl)
     mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
     algo = fp.algorithms.PVI(family="diag", damping=1.0, client=fp.inference.IVON(num_steps=200, map_steps=10))
-    r = fp.run(algo, MODEL, fed, rounds=6, seed=0, progress=False, straggler_rate=0.5)
+    r = fp.run(algo, MODEL, fed, rounds=6, seed=0, progress=False, faults=fp.Faults(stragglers=0.5))
     steps = [s for h in r.history for s in h["straggler_steps"]]
     assert any(0 < s < 210 for s in steps)
     assert all(h["server_update_ok"] and not h["excluded"] for h in r.history)
@@ -240,7 +245,7 @@ def test_feddyn_with_truncated_local_solves_reaches_the_global_map():
     fed = fp.data.FederatedData.from_clients(cl)
     mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
     algo = fp.algorithms.FedDyn(alpha=0.5, num_steps=10)
-    r = fp.run(algo, MODEL, fed, rounds=40, seed=0, progress=False, straggler_rate=0.3)
+    r = fp.run(algo, MODEL, fed, rounds=40, seed=0, progress=False, faults=fp.Faults(stragglers=0.3))
     assert sum(0 < s < 10 for h in r.history for s in h["straggler_steps"]) >= 5
     np.testing.assert_allclose(np.asarray(r.server_state.w), mean, atol=1e-3)
 
@@ -256,7 +261,7 @@ def test_pvi_with_truncated_von_clients_converges():
     mean, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], 0.5, 1.0)
     algo = fp.algorithms.PVI(family="full", damping=1.0,
                              client=fp.inference.VON(num_steps=30, map_steps=10, mc_samples=2))
-    r = fp.run(algo, MODEL, fed, rounds=8, seed=0, progress=False, straggler_rate=0.5)
+    r = fp.run(algo, MODEL, fed, rounds=8, seed=0, progress=False, faults=fp.Faults(stragglers=0.5))
     steps = [s for h in r.history for s in h["straggler_steps"]]
     assert any(0 < s <= 10 for s in steps) and any(10 < s < 40 for s in steps)
     assert r.info["straggler_policy"] == "truncate"

@@ -393,7 +393,7 @@ def run_clients(backend, model, fed, seed: int = 0, prior_weight: float = 1.0, s
     ``EPMCMC(subposteriors=True)``. Clients whose results are not finite are
     masked out (with a warning).
     """
-    from ..run import get_potential
+    from ..potential import get_potential
 
     check_client(backend)
     potential = get_potential(model, fed, model_kwargs)

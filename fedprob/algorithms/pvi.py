@@ -79,11 +79,12 @@ def run_sequential(algorithm, model, fed, sweeps: int = 1, seed: int = 0, eval_d
     Works for any algorithm of the natural loop. Each sweep is one compiled
     ``lax.scan`` over the clients; a client whose update is not finite, or
     whose server update is rejected, changes nothing. Returns an
-    :class:`fedprob.run.Result` with one history entry per sweep.
+    :class:`fedprob.result.Result` with one history entry per sweep.
     """
     from ..engine.local import _where_tree
     from ..metrics import evaluate
-    from ..run import Result, get_potential
+    from ..potential import get_potential
+    from ..result import Result
 
     if int(sweeps) < 1:
         raise ValueError(f"sweeps must be >= 1, got {sweeps}")

@@ -33,6 +33,37 @@ def check_xy(X: np.ndarray, y: np.ndarray) -> None:
     check_finite("y", y)
 
 
+def check_model_labels(y, num_classes, what: str) -> None:
+    """ValueError unless the class labels ``y`` are integers in [0, num_classes) of the model's
+    classes (no check when None); ``what`` names the data in the message."""
+    if num_classes is None:
+        return
+    y = np.asarray(y)
+    if not np.all(np.mod(y, 1) == 0):
+        raise ValueError(f"{what}: class labels must be integers")
+    if y.size and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"{what}: labels out of range [{int(y.min())}, {int(y.max())}] for a model "
+                         f"with {num_classes} classes")
+
+
+def check_eval_data(eval_data, potential):
+    """``(X, y)`` of ``eval_data`` checked against ``potential``'s row shapes and labels (X as float32);
+    None when ``eval_data`` is None."""
+    if eval_data is None:
+        return None
+    if not isinstance(eval_data, (tuple, list)) or len(eval_data) != 2:
+        raise ValueError("eval_data must be a pair (X_test, y_test)")
+    X, y = np.asarray(eval_data[0]), np.asarray(eval_data[1])
+    check_xy(X, y)
+    if tuple(X.shape[1:]) != potential.x_shape:
+        raise ValueError(f"eval_data X rows have shape {X.shape[1:]}, the federation's have {potential.x_shape}")
+    if tuple(y.shape[1:]) != potential.y_shape:
+        raise ValueError(f"eval_data y rows have shape {y.shape[1:]}, the federation's have {potential.y_shape}")
+    if potential.task == "classification":
+        check_model_labels(y, potential.num_classes, "eval_data")
+    return X.astype(np.float32), y
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
     """Client data stacked into padded arrays.

@@ -1,6 +1,6 @@
 """The Flower engine: fedprob's rounds as a Flower ServerApp and ClientApp.
 
-``fp.run(..., engine="flower", num_nodes=N)`` runs a local Flower
+``fp.run(..., engine=fp.engine.Flower(num_nodes=N))`` runs a local Flower
 simulation with ``N`` SuperNodes (set explicitly; default one per client).
 The ServerApp (:func:`server_app`) is the strategy: it holds fedprob's
 server and client states, samples the round's participants with the local
@@ -200,7 +200,7 @@ def server_app(algorithm, ctx: Context, data, rounds: int, seed: int, num_partic
 def prepare(algorithm, model, fed, seed: int = 0, model_kwargs=None):
     """``(ctx, data, templates)`` for :func:`serve`, :func:`server_app` and :func:`client_app`:
     templates are the shapes of one message's server state, client state and key."""
-    from ..run import get_potential
+    from ..potential import get_potential
 
     potential = get_potential(model, fed, model_kwargs)
     ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
@@ -217,14 +217,15 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
 
     from flwr.simulation import run_simulation
 
+    from ..data.federated import check_eval_data
     from ..metrics import evaluate
-    from ..run import Result, _check_eval
+    from ..result import Result
 
     K = fed.num_clients
     M = K if clients_per_round is None else int(clients_per_round)
     rounds = algorithm.rounds_for(K, fed.client_sizes, M) if rounds is None else int(rounds)
     ctx, data, templates = prepare(algorithm, model, fed, seed, model_kwargs)
-    evald = _check_eval(eval_data, ctx.potential)
+    evald = check_eval_data(eval_data, ctx.potential)
     sink: dict = {}
     nodes = K if num_nodes is None else int(num_nodes)
     t0 = time.perf_counter()
