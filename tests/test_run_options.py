@@ -116,10 +116,10 @@ def test_new_options_equal_the_deprecated_keywords_bit_for_bit(tmp_path):
     common = dict(rounds=4, seed=5, clients_per_round=4, progress=False)
     new = dict(engine=fp.engine.Local(client_chunk=2),
                faults=fp.Faults(dropout_rate=0.2, stragglers=fp.Stragglers(0.4, min_fraction=0.25),
-                                max_update_norm=20.0),
+                                max_update_norm=5.0),
                checkpoint=fp.Checkpoint(str(tmp_path / "new")))
     old = dict(engine="local", client_chunk=2, dropout_rate=0.2, straggler_rate=0.4, straggler_min_fraction=0.25,
-               max_update_norm=20.0, checkpoint_dir=str(tmp_path / "old"))
+               max_update_norm=5.0, checkpoint_dir=str(tmp_path / "old"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)               # the new form warns about nothing
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -133,7 +133,7 @@ def test_new_options_equal_the_deprecated_keywords_bit_for_bit(tmp_path):
     for name in ("engine='local'", "client_chunk", "dropout_rate", "straggler_rate", "straggler_min_fraction",
                  "max_update_norm", "checkpoint_dir", "next release"):
         assert name in msg, name
-    assert ("engine=fp.engine.Local(client_chunk=2), faults=fp.Faults(dropout_rate=0.2, max_update_norm=20.0, "
+    assert ("engine=fp.engine.Local(client_chunk=2), faults=fp.Faults(dropout_rate=0.2, max_update_norm=5.0, "
             "stragglers=fp.Stragglers(rate=0.4, min_fraction=0.25))") in msg
     assert rec[0].filename == __file__                              # points at the caller
     for x, y in zip(leaves(a), leaves(b)):
