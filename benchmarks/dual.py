@@ -156,7 +156,7 @@ def fmnist_methods(local_epochs: float):
 
 #: run unless ``--methods`` names it: FedLap-Cov's exact diagonal GGN costs a Jacobian of the
 #: 178,000 weights per row and class (7-8 s for a 288-row client); with each client alone
-#: (``client_chunk=1``, so that no client pays for another's padding) 10 rounds took 2,170 s on two
+#: (``fp.engine.Local(client_chunk=1)``, so that no client pays for another's padding) 10 rounds took 2,170 s on two
 #: CPU cores shared with a test run: 72.5% at the mean after 10 rounds, 14.7% averaged over draws of
 #: the untempered Laplace posterior
 FMNIST_OPT_IN = ("FedLapCov",)
@@ -174,12 +174,12 @@ def run_fmnist(root, rounds: int, local_epochs: float, only=None, eval_every: in
         for name, algo in fmnist_methods(local_epochs).items():
             if (only and name not in only) or (not only and name in FMNIST_OPT_IN):
                 continue
-            extra = {"client_chunk": 1} if name == "FedLapCov" else {}
+            engine = fp.engine.Local(client_chunk=1 if name == "FedLapCov" else None)
             t = time.perf_counter()
             compile_s, at = 0.0, {}
             for r in stops:
                 res = fp.run(algo, model, fed, rounds=r, eval_data=test, eval_every=eval_every, progress=False,
-                             checkpoint_dir=os.path.join(ckpt, name), **extra)
+                             engine=engine, checkpoint=fp.Checkpoint(os.path.join(ckpt, name)))
                 compile_s += float(res.compile_time)
                 post = res.posterior
                 if isinstance(post.form, fp.Gaussian):

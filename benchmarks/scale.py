@@ -2,7 +2,7 @@
 
 1. Per-round orchestration, local engine vs Flower simulation. FedAvg
    (5 local SGD steps, batch 16) on logistic regression over 10 and 100
-   clients, through ``fp.run(engine="local")`` and ``fp.run(engine="flower")``
+   clients, through ``fp.run(engine=fp.engine.Local())`` and ``fp.run(engine=fp.engine.Flower())``
    (one SuperNode per client, Ray backend, one CPU per client). Local: the
    per-round times of ``Result.history`` of a run whose round is already
    compiled, taken before and after the Flower run (median and best over
@@ -136,7 +136,7 @@ class _TimedGrid:
 
 
 def flower_rounds(algo, model, fed, rounds: int) -> dict:
-    """``fp.run(engine="flower")`` with the ServerApp's rounds time-stamped."""
+    """``fp.run(engine=fp.engine.Flower())`` with the ServerApp's rounds time-stamped."""
     from flwr.serverapp import ServerApp
 
     from fedprob.engine import flower
@@ -158,7 +158,7 @@ def flower_rounds(algo, model, fed, rounds: int) -> dict:
     flower.server_app = timed_server_app
     try:
         t0 = time.perf_counter()
-        res = fp.run(algo, model, fed, rounds=rounds, engine="flower", progress=False)
+        res = fp.run(algo, model, fed, rounds=rounds, engine=fp.engine.Flower(), progress=False)
         t_end = time.perf_counter()
     finally:
         flower.server_app = inner_factory
@@ -221,7 +221,7 @@ def client_scaling(counts, chunks: dict, steps: int, repeats: int) -> tuple:
 
     def run_of(K):
         def f():
-            r = fp.run(algo, model, feds[K], client_chunk=chunks.get(K), progress=False)
+            r = fp.run(algo, model, feds[K], engine=fp.engine.Local(client_chunk=chunks.get(K)), progress=False)
             return float(r.history[0]["time"]), r
         return f
 
@@ -273,7 +273,7 @@ before = status_kb("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:     # reset the peak (VmHWM) to the current RSS
     f.write("5")
 fp.run(fp.algorithms.OneShotAverage(client=sgld_clients(steps)), fp.models.logistic_regression(), fed,
-       client_chunk=chunk, progress=False)
+       engine=fp.engine.Local(client_chunk=chunk), progress=False)
 print(before, status_kb("VmHWM"))
 """
 
