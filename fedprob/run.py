@@ -78,8 +78,8 @@ def _bar(progress: bool, rounds: int, start: int, name: str, compile_time: float
 
 
 def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] = None, seed: int = 0,
-        eval_data=None, clients_per_round: Optional[int] = None, progress: bool = True, eval_every: int = 1,
-        model_kwargs: Optional[dict] = None, *, engine=None, faults: Optional[Faults] = None, privacy=None,
+        eval_data=None, clients_per_round: Optional[int] = None, progress: bool = True, *, eval_every: int = 1,
+        model_kwargs: Optional[dict] = None, engine=None, faults: Optional[Faults] = None, privacy=None,
         checkpoint: Optional[Checkpoint] = None, **deprecated_kwargs) -> Result:
     """Run ``algorithm`` on ``fed`` with the NumPyro ``model``; same seed, same result.
 
