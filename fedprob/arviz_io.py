@@ -1,4 +1,4 @@
-"""A :class:`~fedprob.run.Result` as ArviZ data, and its diagnostics table.
+"""A :class:`~fedprob.result.Result` as ArviZ data, and its diagnostics table.
 
 Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
 

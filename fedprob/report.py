@@ -155,7 +155,7 @@ def html_report(runs, path, title: str = "fedprob report") -> str:
 
 
 def result_report(result, path, name: Optional[str] = None) -> str:
-    """:func:`html_report` of one in-memory :class:`~fedprob.run.Result`."""
+    """:func:`html_report` of one in-memory :class:`~fedprob.result.Result`."""
     from .rundir import run_record
 
     return html_report([run_record(result, name=name)], path, title=f"fedprob report: "

@@ -151,6 +151,21 @@ def test_new_options_equal_the_deprecated_keywords_bit_for_bit(tmp_path):
     assert len([p for p in os.listdir(tmp_path / "old") if p.endswith(".json")]) == 1     # keep=1
 
 
+def test_flower_engine_gets_the_same_call_in_both_forms(monkeypatch):
+    from fedprob.engine import flower
+
+    calls = []
+    monkeypatch.setattr(flower, "run", lambda *a, **kw: calls.append((a, kw)))
+    faults = fp.Faults(dropout_rate=0.3, stragglers=fp.Stragglers(0.2, policy="discard"), max_update_norm=2.0)
+    fp.run(ALGO, MODEL, FED, rounds=2, seed=4, clients_per_round=3, engine=fp.engine.Flower(num_nodes=2),
+           faults=faults)
+    with pytest.warns(FutureWarning, match=r"engine=fp.engine.Flower\(num_nodes=2\)"):
+        fp.run(ALGO, MODEL, FED, rounds=2, seed=4, clients_per_round=3, engine="flower", num_nodes=2,
+               dropout_rate=0.3, straggler_rate=0.2, straggler_policy="discard", max_update_norm=2.0)
+    assert calls[0] == calls[1]
+    assert calls[0][1]["num_nodes"] == 2 and calls[0][1]["faults"] == faults and calls[0][1]["rounds"] == 2
+
+
 def test_deprecated_keywords_translate_to_the_objects_and_refuse_mixtures():
     def translate(engine=None, faults=None, checkpoint=None, **old):
         with pytest.warns(FutureWarning, match="deprecated"):
