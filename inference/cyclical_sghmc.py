@@ -1,7 +1,7 @@
 """Cyclical SGHMC (Zhang et al. 2020): cosine step-size cycles, explore then sample.
 
-A schedule on the SG-MCMC chain runner (:func:`fedprob.inference.sgmcmc.run_chain`)
-with the SGHMC kernel. After ``num_burnin`` SGHMC steps (where the step is
+A schedule on the SG-MCMC driver (:mod:`fedprob.inference.sgmcmc`) with the SGHMC
+kernel. After ``num_burnin`` SGHMC steps (where the step is
 adapted to the curvature and capped for the gradient noise, then FROZEN),
 step ``t = 1, 2, ...`` of the sampling phase uses the learning rate
 
@@ -21,7 +21,7 @@ Draws: ``samples_per_cycle`` per cycle, spread evenly in integrated step
 first 30% (left to re-equilibrate after the noise-free exploration), the last
 at the cycle's last step; even spacing in steps would put several draws in
 the tail of the cycle, where the step is near 0 and they are nearly
-identical (:func:`fedprob.inference.sgmcmc.cyclical_schedule`). With
+identical (:func:`fedprob.inference.sgmcmc.schedules.cyclical_schedule`). With
 ``exploration = 1`` no noise is ever injected: the draws are the snapshots of
 cyclical momentum SGD at the last ``samples_per_cycle`` steps of each cycle
 (a snapshot ensemble).
@@ -49,10 +49,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from fedprob.protocols import ClientBackend, ClientResult
-from .sghmc import SGHMC_RATE, check_friction, run_sghmc, sghmc_result
-from .sgmcmc import (check_common, check_fraction, check_int, check_positive, cyclical_schedule,
-                     initial_position, log_density_and_grad, resolve_target_ess)
+from .sghmc import SGHMC_RATE, check_friction, sghmc_kernel
+from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, cyclical_schedule
 
 Array = jax.Array
 
@@ -78,7 +76,7 @@ def is_exploration(t, cycle_length, exploration) -> Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class CyclicalSGHMC(ClientBackend):
+class CyclicalSGHMC(SGMCMC):
     """Cyclical SGHMC on one client's target (see the module docstring).
 
     step_size: eta0, the learning rate at the start of each cycle (acts on the
@@ -139,13 +137,9 @@ class CyclicalSGHMC(ClientBackend):
     max_stretch: int = 10
     num_chains: int = 1
 
-    output = "samples"
-
     def __post_init__(self):
-        check_common(self)
+        super().__post_init__()
         check_friction(self.friction)
-        check_positive("max_gradient_noise", self.max_gradient_noise, allow_none=True)
-        check_int("num_burnin", self.num_burnin, 0)
         check_int("num_cycles", self.num_cycles, 1)
         check_int("samples_per_cycle", self.samples_per_cycle, 1)
         check_fraction("exploration", self.exploration)
@@ -182,13 +176,9 @@ class CyclicalSGHMC(ClientBackend):
         return cyclical_schedule(self.num_cycles, self.length, self.exploration, self.samples_per_cycle,
                                  CSGHMC_RATE / SGHMC_RATE)
 
-    def run(self, key, potential, target, init=None) -> ClientResult:
-        k_init, k_run, k_noise = jax.random.split(key, 3)
-        z0 = initial_position(potential, k_init, init, self.init_strategy)
-        vg = log_density_and_grad(potential, target, self.batch_size)
-        out = run_sghmc(self, potential, target, vg, z0, k_run, SGHMC_RATE, self.schedule(),
-                        resolve_target_ess(self.target_ess, self.num_samples))
-        return sghmc_result(self, out, vg, k_noise)
+    def kernel(self, problem) -> Kernel:
+        """The SGHMC kernel; burn-in runs at ``SGHMC_RATE``, the cycles peak at ``CSGHMC_RATE``."""
+        return sghmc_kernel(problem.grad, self.friction, self.temperature)
 
 
 __all__ = ["CyclicalSGHMC", "cyclical_step_size", "is_exploration", "CSGHMC_RATE"]

@@ -48,10 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedprob.posteriors import Samples
-from fedprob.protocols import ClientBackend, ClientResult
-from .sgmcmc import (chain_diagnostics, check_common, check_fraction, check_int, constant_schedule,
-                     initial_position, log_density_and_grad, max_curvature, run_chain, step_info)
+from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, constant_schedule, max_curvature, step_info
 
 Array = jax.Array
 
@@ -79,7 +76,7 @@ def sgd_step(state: IASGState, loss_grad, step_size, momentum=0.0) -> IASGState:
 
 
 @dataclasses.dataclass(frozen=True)
-class IASG(ClientBackend):
+class IASG(SGMCMC):
     """Iterate-averaged SGD sampler on one client's mean loss (see the module docstring).
 
     step_size: SGD learning rate on the mean loss ``-log_density / n_k``;
@@ -111,51 +108,46 @@ class IASG(ClientBackend):
     batch_size: Optional[int] = None
     init_strategy: str = "prior"
 
-    output = "samples"
+    injects_noise = False
 
     def __post_init__(self):
-        check_common(self)
-        check_int("num_burnin", self.num_burnin, 0)
+        super().__post_init__()
         check_int("steps_per_sample", self.steps_per_sample, 1)
         check_int("num_samples", self.num_samples, 1)
         check_fraction("momentum", self.momentum, high_open=True)
 
-    def run(self, key, potential, target, init=None) -> ClientResult:
-        k_init, k_run = jax.random.split(key)
-        z0 = initial_position(potential, k_init, init, self.init_strategy)
-        vg = log_density_and_grad(potential, target, self.batch_size)
-        n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
+    def schedule(self):
+        """Each draw the average of ``steps_per_sample`` iterates."""
+        return constant_schedule(self.num_samples, self.steps_per_sample)
 
+    def kernel(self, problem) -> Kernel:
+        """SGD (heavy ball) on the mean loss; the adapted step is ``IASG_RATE / lambda_max(A)``."""
+        vg, n = problem.grad, problem.n
         # Divergence guard: SGD with a step above 2 / lambda_max grows geometrically and can stay
         # finite for hundreds of steps (a step adapted on one minibatch's curvature can be too
         # large for the client's). A minibatch mean loss above DIVERGED_FACTOR times the start's
         # counts as non-finite, so the adapted run rolls the window back and halves the step.
-        loss_ref = jnp.abs(-potential.log_density(z0, target) / n)
+        loss_ref = jnp.abs(-problem.potential.log_density(problem.position, problem.target) / n)
         limit = DIVERGED_FACTOR * (jnp.where(jnp.isfinite(loss_ref), loss_ref, 0.0) + 1.0)
 
-        def kernel(k, s, lr, noisy=True):    # an optimizer: nothing is injected
+        def step(k, s, lr, noisy=True):    # an optimizer: nothing is injected
             lp, g = vg(s.position, k)
             loss_grad = -g / n
             s = sgd_step(s, loss_grad, lr, self.momentum)
             info = step_info(-lp / n, loss_grad, s.position)
             info["finite"] = info["finite"] & (-lp / n < limit)
+            info["loss"] = info.pop("log_density")
             return s, info
 
         def adapt(k, s, start, iters):
-            lam, v = max_curvature(potential, target, self.batch_size, s.position, k, iters, None, start)
+            lam, v = max_curvature(problem.potential, problem.target, problem.batch_size, s.position, k,
+                                   iters, None, start)
             lam = lam / n
             lam = jnp.where(jnp.isfinite(lam) & (lam > 0), lam, 1.0)
-            return (IASG_RATE / jnp.maximum(lam, 1e-3)).astype(z0.dtype), v
+            return (IASG_RATE / jnp.maximum(lam, 1e-3)).astype(problem.position.dtype), v
 
-        fixed = None if self.step_size is None else jnp.asarray(self.step_size, z0.dtype)
-        out = run_chain(kernel, iasg_init(z0), k_run, num_burnin=self.num_burnin,
-                        schedule=constant_schedule(self.num_samples, self.steps_per_sample),
-                        step_size=fixed, adapt=None if fixed is not None else adapt,
-                        reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)),
-                        reduce="mean")
-        diag = chain_diagnostics(out)
-        diag["loss"] = diag.pop("log_density")
-        return ClientResult(Samples(out.draws), out.state.position, diag)
+        return Kernel(iasg_init, step, IASG_RATE, adapt=adapt, reduce="mean",
+                      reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)))
 
 
 # -- calibration on a quadratic loss (Mandt et al. 2017) -------------------------------------

@@ -23,12 +23,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedprob.posteriors import Samples
-from fedprob.protocols import ClientBackend, ClientResult
-from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
-                     check_positive, constant_schedule, gradient_noise_diagnostic,
-                     gradient_noise_variance, initial_position, log_density_and_grad,
-                     resolve_target_ess, run_chain, step_info, noise_ratios)
+from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, constant_schedule, step_info
 
 Array = jax.Array
 
@@ -77,7 +72,7 @@ def check_friction(friction) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SGHMC(ClientBackend):
+class SGHMC(SGMCMC):
     """SGHMC on one client's target (see the module docstring).
 
     step_size: eta (acts on the gradient of the log posterior, a sum over the
@@ -113,31 +108,25 @@ class SGHMC(ClientBackend):
     max_stretch: int = 10
     num_chains: int = 1
 
-    output = "samples"
-
     def __post_init__(self):
-        check_common(self)
+        super().__post_init__()
         check_friction(self.friction)
-        check_positive("max_gradient_noise", self.max_gradient_noise, allow_none=True)
-        check_int("num_burnin", self.num_burnin, 0)
         check_int("num_samples", self.num_samples, 1)
         check_int("thinning", self.thinning, 1)
 
-    def run(self, key, potential, target, init=None) -> ClientResult:
-        k_init, k_run, k_noise = jax.random.split(key, 3)
-        z0 = initial_position(potential, k_init, init, self.init_strategy)
-        vg = log_density_and_grad(potential, target, self.batch_size)
-        out = run_sghmc(self, potential, target, vg, z0, k_run, SGHMC_RATE,
-                        constant_schedule(self.num_samples, self.thinning),
-                        resolve_target_ess(self.target_ess, self.num_samples))
-        return sghmc_result(self, out, vg, k_noise)
+    def schedule(self):
+        return constant_schedule(self.num_samples, self.thinning)
+
+    def kernel(self, problem) -> Kernel:
+        return sghmc_kernel(problem.grad, self.friction, self.temperature)
 
 
-def sghmc_kernel(vg, friction, temperature):
-    """``kernel(key, state, eta, noisy) -> (state, info)``: one SGHMC step on ``vg``'s
-    gradient (``noisy`` False: no injected noise, i.e. momentum SGD), and its diagnostics."""
+def sghmc_kernel(vg, friction, temperature, rate=SGHMC_RATE) -> Kernel:
+    """SGHMC on ``vg``'s gradient: ``step(key, state, eta, noisy)`` (``noisy`` False: no injected
+    noise, i.e. momentum SGD) with the kinetic temperature among its scalars; a rolled-back
+    window restarts with zero momentum."""
 
-    def kernel(k, s, eta, noisy=True):
+    def step(k, s, eta, noisy=True):
         kg, kn = jax.random.split(k)
         lp, g = vg(s.position, kg)
         if isinstance(noisy, bool):
@@ -148,57 +137,18 @@ def sghmc_kernel(vg, friction, temperature):
             s = jax.lax.cond(noisy, lambda: sghmc_step(kn, s, g, eta, friction, temperature),
                              lambda: sghmc_step(kn, s, g, eta, friction, 0.0, draw=False))
         info = step_info(lp, g, s.position)
-        info["kinetic"] = kinetic_temperature(s.momentum, eta, friction)
+        info["kinetic_temperature"] = kinetic_temperature(s.momentum, eta, friction)
         return s, info
 
-    return kernel
+    return Kernel(sghmc_init, step, rate, noise_scale=lambda s: sghmc_noise_scale(friction, temperature),
+                  reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)))
 
 
-def run_sghmc(backend, potential, target, vg, z0, key, rate, schedule, target_ess):
-    """SGHMC kernel on the chain runner, with ``backend``'s step size (or ``rate / lambda_max``),
-    friction, temperature, gradient-noise cap and burn-in (shared by SGHMC and cyclical SGHMC)."""
-    alpha, T = backend.friction, backend.temperature
-
-    def adapt(k, s, start, iters):
-        return adapted_step_size(rate, potential, target, backend.batch_size, s.position, k,
-                                 None, start, iters)
-
-    fixed = backend.step_size is not None
-    minibatch = backend.batch_size is not None and T > 0
-    return run_chain(sghmc_kernel(vg, alpha, T), sghmc_init(z0), key, num_burnin=backend.num_burnin,
-                     schedule=schedule,
-                     step_size=jnp.asarray(backend.step_size / schedule.peak, z0.dtype) if fixed else None,
-                     adapt=None if fixed else adapt,
-                     noise=sghmc_noise(vg, alpha, T) if (minibatch and not fixed) else None,
-                     max_noise=backend.max_gradient_noise,
-                     reset=lambda s: s._replace(momentum=jnp.zeros_like(s.momentum)),
-                     target_ess=target_ess, max_stretch=backend.max_stretch)
-
-
-def sghmc_result(backend, out, vg, key) -> ClientResult:
-    diag = chain_diagnostics(out)
-    diag["kinetic_temperature"] = out.means["kinetic"]
-    T = backend.temperature
-    noise = sghmc_noise(vg, backend.friction, T)
-    gradient_noise_diagnostic(out, backend.batch_size if T > 0 else None, lambda s: noise(key, s), diag)
-    return ClientResult(Samples(out.draws), out.state.position, diag)
-
-
-def sghmc_noise(vg, friction, temperature, num_pairs=8):
-    """``noise(key, state)``: each coordinate's ``V_i / (2 alpha T)``, minibatch over injected
-    noise variance per unit ``eta`` (see :mod:`fedprob.inference.sgmcmc`)."""
-
-    def noise(key, s):
-        var = gradient_noise_variance(lambda x, k: vg(x, k)[1], s.position, key, num_pairs)
-        return noise_ratios(var, 1.0 / (2.0 * friction * temperature))
-
-    return noise
-
-
-def sghmc_noise_coef(vg, z, key, friction, temperature, num_pairs=8):
-    """``max_i V_i / (2 alpha T)`` at ``z``: the worst coordinate's gradient-noise ratio per unit ``eta``."""
-    return jnp.max(sghmc_noise(vg, friction, temperature, num_pairs)(key, SGHMCState(z, jnp.zeros_like(z))))
+def sghmc_noise_scale(friction, temperature):
+    """``1 / (2 alpha T)``: minibatch over injected noise variance per unit ``eta`` and unit
+    gradient variance (see :mod:`fedprob.inference.sgmcmc.curvature`)."""
+    return 1.0 / (2.0 * friction * temperature)
 
 
 __all__ = ["SGHMC", "SGHMCState", "sghmc_init", "sghmc_step", "momentum_step", "kinetic_temperature",
-           "sghmc_noise_coef", "sghmc_noise", "sghmc_kernel", "run_sghmc", "SGHMC_RATE"]
+           "sghmc_kernel", "sghmc_noise_scale", "SGHMC_RATE"]

@@ -42,12 +42,7 @@ import jax.numpy as jnp
 
 import optax
 
-from fedprob.posteriors import Samples
-from fedprob.protocols import ClientBackend, ClientResult
-from .sgmcmc import (adapted_step_size, chain_diagnostics, check_common, check_fraction, check_int,
-                     check_positive, constant_schedule, gradient_noise_diagnostic,
-                     gradient_noise_variance, initial_position, log_density_and_grad,
-                     resolve_target_ess, run_chain, step_info, noise_ratios)
+from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, check_positive, constant_schedule, step_info
 
 Array = jax.Array
 
@@ -116,7 +111,7 @@ def psgld_step(key, state: PSGLDState, grad, step_size, temperature=1.0, decay=0
 
 
 @dataclasses.dataclass(frozen=True)
-class SGLD(ClientBackend):
+class SGLD(SGMCMC):
     """Stochastic gradient Langevin dynamics on one client's target.
 
     step_size: eps (acts on the gradient of the log posterior, a sum over the
@@ -178,77 +173,45 @@ class SGLD(ClientBackend):
     max_stretch: int = 10
     num_chains: int = 1
 
-    output = "samples"
-
     def __post_init__(self):
-        check_common(self)
-        check_int("num_burnin", self.num_burnin, 0)
+        super().__post_init__()
         check_int("num_samples", self.num_samples, 1)
         check_int("thinning", self.thinning, 1)
         if self.preconditioner not in PRECONDITIONERS:
             raise ValueError(f"unknown preconditioner {self.preconditioner!r} (use None or 'rmsprop')")
         check_fraction("rmsprop_decay", self.rmsprop_decay, high_open=True)
         check_positive("rmsprop_eps", self.rmsprop_eps)
-        check_positive("max_gradient_noise", self.max_gradient_noise, allow_none=True)
 
-    def run(self, key, potential, target, init=None) -> ClientResult:
-        k_init, k_run, k_noise = jax.random.split(key, 3)
-        z0 = initial_position(potential, k_init, init, self.init_strategy)
-        vg = log_density_and_grad(potential, target, self.batch_size)
-        T = self.temperature
-        n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
-        pre = self.preconditioner is not None
+    def schedule(self):
+        return constant_schedule(self.num_samples, self.thinning)
 
-        if not pre:
-            state = sgld_init(z0)
+    def kernel(self, problem) -> Kernel:
+        """SGLD, or pSGLD whose ``V`` adapts during burn-in and is frozen (decay 1) for sampling."""
+        vg, T, n = problem.grad, self.temperature, problem.n
 
-            def kernel(k, s, eps, noisy=True):
+        if self.preconditioner is None:
+            def step(k, s, eps, noisy=True):
                 kg, kn = jax.random.split(k)
                 lp, g = vg(s.position, kg)
                 s = sgld_step(kn, s, g, eps, T * noisy)
                 return s, step_info(lp, g, s.position)
 
-            sample_kernel = kernel
-        else:
-            k_g0, k_run = jax.random.split(k_run)
-            state = psgld_init(z0, vg(z0, k_g0)[1], n)
+            return Kernel(sgld_init, step, SGLD_RATE, noise_scale=lambda s: 1.0 / (4.0 * T))
 
-            def make_kernel(decay):
-                def kernel(k, s, eps, noisy=True):
-                    kg, kn = jax.random.split(k)
-                    lp, g = vg(s.position, kg)
-                    s = psgld_step(kn, s, g, eps, T * noisy, decay, self.rmsprop_eps, n)
-                    return s, step_info(lp, g, s.position)
-                return kernel
-
-            # V adapts during burn-in and is frozen (decay 1) for sampling.
-            kernel, sample_kernel = make_kernel(self.rmsprop_decay), make_kernel(1.0)
+        def psgld(decay):
+            def step(k, s, eps, noisy=True):
+                kg, kn = jax.random.split(k)
+                lp, g = vg(s.position, kg)
+                s = psgld_step(kn, s, g, eps, T * noisy, decay, self.rmsprop_eps, n)
+                return s, step_info(lp, g, s.position)
+            return step
 
         def metric(s):
-            return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps) if pre else 1.0
+            return rmsprop_preconditioner(s.square_avg, self.rmsprop_eps)
 
-        def noise(k, s):
-            """Each coordinate's gradient-noise ratio per unit step: G_i V_i / (4 T)."""
-            var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], s.position, k)
-            return noise_ratios(var, metric(s) / (4.0 * T))
-
-        def adapt(k, s, start, iters):
-            return adapted_step_size(SGLD_RATE, potential, target, self.batch_size, s.position, k,
-                                     metric(s) if pre else None, start, iters)
-
-        fixed = self.step_size is not None
-        minibatch = self.batch_size is not None and T > 0
-        out = run_chain(kernel, state, k_run, num_burnin=self.num_burnin,
-                        schedule=constant_schedule(self.num_samples, self.thinning),
-                        step_size=jnp.asarray(self.step_size, z0.dtype) if fixed else None,
-                        adapt=None if fixed else adapt,
-                        noise=noise if (minibatch and not fixed) else None,
-                        max_noise=self.max_gradient_noise,
-                        target_ess=resolve_target_ess(self.target_ess, self.num_samples),
-                        max_stretch=self.max_stretch, sample_kernel=sample_kernel)
-        diag = chain_diagnostics(out)
-        gradient_noise_diagnostic(out, self.batch_size if T > 0 else None, lambda s: noise(k_noise, s), diag)
-        return ClientResult(Samples(out.draws), out.state.position, diag)
+        return Kernel(lambda z, k: psgld_init(z, vg(z, k)[1], n), psgld(self.rmsprop_decay), SGLD_RATE,
+                      sample_step=psgld(1.0), metric=metric, noise_scale=lambda s: metric(s) / (4.0 * T),
+                      init_key=True)
 
 
 __all__ = ["SGLD", "SGLDState", "PSGLDState", "sgld_init", "sgld_step", "psgld_init", "psgld_step",

@@ -1,0 +1,220 @@
+"""The SG-MCMC driver: a sampler is a kernel plugged into one client run, BlackJAX style.
+
+A sampler (:mod:`fedprob.inference.sgld`, ``sghmc``, ``cyclical_sghmc``, ``iasg``,
+``sgnht``) is a frozen dataclass of its hyperparameters and defaults deriving from
+:class:`SGMCMC`, and gives two things:
+
+* ``kernel(problem) -> Kernel``: the pure functions of its state, ``init(position)``
+  and ``step(key, state, step_size, noisy) -> (state, info)`` (one step on the
+  problem's (minibatch) gradient, and its per-step scalars: at least those of
+  :func:`step_info`), plus what the driver needs to adapt the step: ``rate`` (the
+  dimensionless ``step * lambda_max`` of the adapted default step), ``metric`` (the
+  diagonal preconditioner the curvature is measured in), ``noise_scale`` (what turns
+  the minibatch gradient variance into each coordinate's gradient-noise ratio per unit
+  step) and ``reset`` (the state a rolled-back window restarts from);
+* ``schedule() -> Schedule``: the sampling phase (:mod:`.schedules`).
+
+:func:`sample` (every sampler's ``run``) does the rest, the same way for all: the start
+point, burn-in with the step-size adaptation and NaN rollback, sampling with thinning or
+iterate averaging and the ESS stretch (:func:`.chain.run_chain`), and the diagnostics
+(:mod:`.diagnostics`; the kernel's ``info`` scalars are averaged over the draws' steps and
+reported under their own names). A new sampler is its kernel file, its export and its test.
+
+Keys: ``key`` splits into the start's, the chain's and (for kernels that inject noise) the
+gradient-noise diagnostic's; a kernel whose ``init`` is random (``init_key``, pSGLD's first
+gradient) splits its key off the chain's.
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from fedprob.posteriors import Samples
+from fedprob.potential import INIT_STRATEGIES
+from fedprob.protocols import ClientBackend, ClientResult
+from fedprob.validation import check_int, check_positive
+
+from .chain import run_chain
+from .curvature import adapted_step_size, gradient_noise_variance, noise_ratios
+from .diagnostics import chain_diagnostics, gradient_noise_diagnostic
+from .schedules import Schedule, resolve_target_ess
+
+Array = jax.Array
+
+
+def check_common(backend) -> None:
+    """Checks shared by the SG-MCMC backends (batch size, temperature, init strategy, ESS target)."""
+    bs = backend.batch_size
+    if bs is not None:
+        check_int("batch_size", bs, 1)
+    if hasattr(backend, "temperature"):
+        check_positive("temperature", backend.temperature, allow_zero=True)
+    if backend.init_strategy not in INIT_STRATEGIES:
+        raise ValueError(f"unknown init_strategy {backend.init_strategy!r} "
+                         f"(use one of {INIT_STRATEGIES})")
+    check_positive("step_size", backend.step_size, allow_none=True)
+    if hasattr(backend, "target_ess"):
+        check_positive("target_ess", backend.target_ess, allow_none=True, allow_zero=True)
+        check_int("max_stretch", backend.max_stretch, 1)
+
+
+def log_density_and_grad(potential, target, batch_size: Optional[int]) -> Callable:
+    """``f(z, key) -> (log_density, gradient)`` of the client's (minibatch) log target."""
+
+    def f(z, key):
+        return jax.value_and_grad(potential.log_density)(z, target, key, batch_size)
+
+    return f
+
+
+def initial_position(potential, key, init, strategy: str) -> Array:
+    """``init`` as a float vector, or a start drawn with ``potential.init(key, strategy)``."""
+    if init is None:
+        init = potential.init(key, strategy)
+    init = jnp.asarray(init)
+    if not jnp.issubdtype(init.dtype, jnp.floating):
+        init = init.astype(jnp.result_type(float))
+    if init.shape != (potential.dim,):
+        raise ValueError(f"init must be a flat vector of shape ({potential.dim},), got {init.shape}")
+    return init
+
+
+def step_info(log_density: Array, grad: Array, position: Array) -> dict:
+    """Per-step scalars the runner accumulates: log density, gradient norm, finiteness."""
+    finite = jnp.isfinite(log_density) & jnp.all(jnp.isfinite(grad)) & jnp.all(jnp.isfinite(position))
+    return {"log_density": log_density, "grad_norm": jnp.sqrt(jnp.sum(grad * grad)), "finite": finite}
+
+
+class Problem(NamedTuple):
+    """One client's problem as a kernel sees it (built by :func:`sample`)."""
+
+    potential: object      # fedprob.potential.Potential
+    target: object         # fedprob.potential.LocalTarget
+    batch_size: Optional[int]
+    grad: Callable         # (z, key) -> (log_density, gradient) of the (minibatch) log target
+    n: Array               # () the client's size (at least 1), in the position's dtype
+    position: Array        # (d,) the start point
+
+
+def _identity(state):
+    return state
+
+
+class Kernel(NamedTuple):
+    """A sampler's pure functions and defaults (see the module docstring).
+
+    init: ``position -> state`` (``(position, key) -> state`` with ``init_key``).
+    step: ``(key, state, step_size, noisy) -> (state, info)``; ``noisy`` False (a Python
+        bool, or traced in a cyclical schedule) means no injected noise; ``info`` a dict of
+        scalars with at least ``finite``.
+    rate: ``step_size * lambda_max`` of the adapted default step.
+    sample_step: the sampling phase's step (``None``: ``step``), e.g. a frozen metric.
+    metric: ``state -> (d,)`` diagonal preconditioner G the curvature is measured in
+        (``None``: the identity).
+    noise_scale: ``state -> scale``: the gradient-noise ratio per unit step of coordinate i
+        is ``scale_i * V_i`` (``V`` the minibatch gradient variance; SGLD ``G / (4 T)``,
+        SGHMC ``1 / (2 alpha T)``); ``None`` for a kernel that injects no noise (no cap, no
+        ``gradient_noise_ratio``). Called only with a minibatch and ``T > 0``.
+    reset: ``state -> state`` a rolled-back window restarts from (e.g. zero momentum).
+    adapt: ``(key, state, start, num_iters) -> (step, eigenvector)``, the adapted step when
+        it is not ``rate / lambda_max`` in the metric (:func:`.curvature.adapted_step_size`).
+    reduce: a draw is its block's last position (``"last"``) or average (``"mean"``).
+    init_key: ``init`` takes a key (split off the chain's).
+    """
+
+    init: Callable
+    step: Callable
+    rate: float
+    sample_step: Optional[Callable] = None
+    metric: Optional[Callable] = None
+    noise_scale: Optional[Callable] = None
+    reset: Callable = _identity
+    adapt: Optional[Callable] = None
+    reduce: str = "last"
+    init_key: bool = False
+
+
+class SGMCMC(ClientBackend):
+    """Base of the samplers on the driver: a subclass is a frozen dataclass with the fields
+    ``step_size``, ``num_burnin``, ``batch_size`` and ``init_strategy`` (and, where it has
+    them, ``temperature``, ``max_gradient_noise``, ``target_ess``, ``max_stretch``; the
+    class defaults below stand in otherwise) and gives ``kernel(problem)`` and
+    ``schedule()``. ``injects_noise = False`` marks an optimiser (IASG): no gradient-noise
+    ratio, and its key is split in two instead of three.
+    """
+
+    output = "samples"
+    temperature = 1.0
+    max_gradient_noise = None
+    target_ess = 0.0
+    max_stretch = 1
+    injects_noise = True
+
+    def __post_init__(self):
+        check_common(self)
+        check_int("num_burnin", self.num_burnin, 0)
+        check_positive("max_gradient_noise", self.max_gradient_noise, allow_none=True)
+
+    def kernel(self, problem: Problem) -> Kernel:
+        raise NotImplementedError
+
+    def schedule(self) -> Schedule:
+        raise NotImplementedError
+
+    def run(self, key, potential, target, init=None) -> ClientResult:
+        return sample(self, key, potential, target, init)
+
+
+def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
+    """One client's chain of ``backend`` on ``target``: draws (S, d), last position, diagnostics.
+
+    The step is ``backend.step_size / schedule.peak`` when given (no adaptation, no cap, no
+    rollback), else adapted during burn-in (``kernel.adapt`` or ``kernel.rate / lambda_max``)
+    and, with a minibatch and ``T > 0``, capped so that the worst coordinate's gradient-noise
+    ratio is at most ``max_gradient_noise``.
+    """
+    schedule = backend.schedule()
+    keys = jax.random.split(key, 3 if backend.injects_noise else 2)
+    z0 = initial_position(potential, keys[0], init, backend.init_strategy)
+    bs = backend.batch_size
+    vg = log_density_and_grad(potential, target, bs)
+    n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
+    kernel = backend.kernel(Problem(potential, target, bs, vg, n, z0))
+    k_run = keys[1]
+    if kernel.init_key:
+        k_state, k_run = jax.random.split(k_run)
+        state = kernel.init(z0, k_state)
+    else:
+        state = kernel.init(z0)
+
+    def metric(s):
+        return None if kernel.metric is None else kernel.metric(s)
+
+    def noise(k, s):
+        var = gradient_noise_variance(lambda x, kk: vg(x, kk)[1], s.position, k)
+        return noise_ratios(var, kernel.noise_scale(s))
+
+    def adapt(k, s, start, iters):
+        return adapted_step_size(kernel.rate, potential, target, bs, s.position, k, metric(s), start, iters)
+
+    T = backend.temperature
+    fixed = backend.step_size is not None
+    noisy = kernel.noise_scale is not None
+    minibatch = bs is not None and T > 0
+    out = run_chain(kernel.step, state, k_run, num_burnin=backend.num_burnin, schedule=schedule,
+                    step_size=jnp.asarray(backend.step_size / schedule.peak, z0.dtype) if fixed else None,
+                    adapt=None if fixed else (kernel.adapt or adapt),
+                    noise=noise if (noisy and minibatch and not fixed) else None,
+                    max_noise=backend.max_gradient_noise, reset=kernel.reset, reduce=kernel.reduce,
+                    target_ess=resolve_target_ess(backend.target_ess, schedule.num_samples),
+                    max_stretch=backend.max_stretch, sample_kernel=kernel.sample_step)
+    diag = chain_diagnostics(out)
+    if noisy:
+        gradient_noise_diagnostic(out, bs if T > 0 else None, lambda s: noise(keys[2], s), diag)
+    return ClientResult(Samples(out.draws), out.state.position, diag)
+
+
+__all__ = ["SGMCMC", "Kernel", "Problem", "sample", "check_common", "log_density_and_grad",
+           "initial_position", "step_info"]
