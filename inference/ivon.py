@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from fedprob.posteriors import Gaussian
 
 from fedprob.protocols import ClientBackend, ClientResult, finite_flag
+from .budget import frozen_after
 from .laplace import hessian_diag_estimate
 from .optim import minimize
 
@@ -212,10 +213,7 @@ def ivon_run(key, grad_fn: Callable, inputs: IVONInputs, init, *, num_steps: int
         t, k = xs
         new, info = ivon_step(k, state, grad_fn, inputs, lr(t), beta1=beta1, beta2=beta2,
                               mc_samples=mc_samples, clip_radius=clip_radius)
-        if max_steps is None:
-            state = new
-        else:
-            state = jax.tree_util.tree_map(lambda a, b: jnp.where(t < max_steps, a, b), new, state)
+        state = frozen_after(max_steps, t, new, state)
         in_avg = (t >= start_avg).astype(dtype)
         in_win = jnp.stack([(t >= win_a) & (t < win_b), t >= win_b]).astype(dtype)
         carry = (state, sum_m + in_avg * state.mean, sum_h + in_avg * state.hess,

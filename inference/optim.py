@@ -25,6 +25,8 @@ import optax
 
 from fedprob.potential import mean_loss
 
+from .budget import tree_select, within_budget
+
 Array = jax.Array
 
 OPTIMIZERS = ("lbfgs", "adam", "sgd", "adagrad", "yogi")
@@ -115,7 +117,8 @@ def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num
 
     def step(carry, xs):
         z, state, best_z, best_loss, rejected = carry
-        k, active = xs
+        k, t = xs
+        active = within_budget(t, max_steps)
         if batch_size is None:
             fn = full_loss
             value, grad = full_vg(z, state=state) if reuse else jax.value_and_grad(fn)(z)
@@ -125,25 +128,19 @@ def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num
             value, grad = jax.value_and_grad(fn)(z)
         updates, new_state = tx.update(grad, state, z, value=value, grad=grad, value_fn=fn)
         new_z = optax.apply_updates(z, updates)
-        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(grad)) & jnp.all(jnp.isfinite(new_z))
-        if active is not None:
-            ok = ok & active
-        z_next = jnp.where(ok, new_z, z)
-        state_next = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_state, state)
+        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(grad)) & jnp.all(jnp.isfinite(new_z)) & active
+        z_next, state_next = tree_select(ok, (new_z, new_state), (z, state))
         # value is the loss at z (before the step): track the best point visited.
-        better = jnp.isfinite(value) & (value < best_loss)
-        if active is not None:
-            better = better & active
+        better = jnp.isfinite(value) & (value < best_loss) & active
         best_z = jnp.where(better, z, best_z)
         best_loss = jnp.where(better, value, best_loss)
-        failed = ~ok if active is None else active & ~ok
+        failed = active & ~ok
         return (z_next, state_next, best_z, best_loss, rejected + failed.astype(jnp.int32)), None
 
     inf = jnp.array(jnp.inf, dtype=init.dtype)
     carry0 = (init, state0, init, inf, jnp.array(0, jnp.int32))
     keys = jax.random.split(key, max(num_steps, 1))[:num_steps]
-    active = None if max_steps is None else jnp.arange(num_steps) < max_steps
-    (z, _, best_z, best_loss, rejected), _ = jax.lax.scan(step, carry0, (keys, active))
+    (z, _, best_z, best_loss, rejected), _ = jax.lax.scan(step, carry0, (keys, jnp.arange(num_steps)))
     loss, grad = jax.value_and_grad(full_loss)(z)
     if batch_size is None:
         # The last point was never scored inside the loop; keep it if it is the best.

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 
 from fedprob.posteriors import Gaussian
 from fedprob.protocols import ClientBackend, ClientResult, finite_flag
+from .budget import within_budget
 from .laplace import clip_precision, curvature
 from .optim import minimize
 
@@ -78,9 +79,7 @@ def von_run(key, potential, target, mean0, prec0, *, num_steps: int, learning_ra
         S_new = (1.0 - learning_rate) * S + learning_rate * C
         S_new = 0.5 * (S_new + S_new.T)
         m_new = m - learning_rate * jnp.linalg.solve(S_new, jnp.mean(grads, 0))
-        ok = jnp.all(jnp.isfinite(S_new)) & jnp.all(jnp.isfinite(m_new))
-        if max_steps is not None:
-            ok = ok & (t < max_steps)
+        ok = jnp.all(jnp.isfinite(S_new)) & jnp.all(jnp.isfinite(m_new)) & within_budget(t, max_steps)
         m, S = jnp.where(ok, m_new, m), jnp.where(ok, S_new, S)
         a = (t >= start_avg).astype(dt)
         inw = jnp.stack([(t >= win_a) & (t < win_b), t >= win_b]).astype(dt)
