@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ..inference.budget import frozen_after
 from ..potential import make_target, mean_loss
 
 
@@ -65,11 +66,8 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
         loss, g = grad_fn(w, k)
         upd, new_state = optimizer.update(g, opt_state, w, value=loss, grad=g,
                                           value_fn=lambda x: loss_fn(x, k))
-        active = t < steps
-        w = jnp.where(active, optax.apply_updates(w, upd), w)
-        opt_state = jax.tree_util.tree_map(lambda a, b: jnp.where(active, a, b), new_state, opt_state)
-        last = jnp.where(active, loss, last)
-        return (w, opt_state, last), None
+        new = (optax.apply_updates(w, upd), new_state, loss)
+        return frozen_after(steps, t, new, (w, opt_state, last)), None
 
     init = (w0, optimizer.init(w0), jnp.zeros((), w0.dtype))
     (w, _, last), _ = jax.lax.scan(step, init, jnp.arange(total_steps))
