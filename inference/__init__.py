@@ -6,6 +6,7 @@ from .optim import minimize
 from .sgld import SGLD
 from .sghmc import SGHMC
 from .cyclical_sghmc import CyclicalSGHMC
+from .sgnht import SGNHT
 from .iasg import IASG
 from .svi import SVI
 from .ivon import IVON, IVONInputs, IVONState, ivon_init, ivon_solve, ivon_step
