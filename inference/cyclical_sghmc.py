@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 
 from .sghmc import SGHMC_RATE, check_friction, sghmc_kernel
-from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, cyclical_schedule
+from .sgmcmc import Kernel, Sampler, check_fraction, check_int, cyclical_schedule
 
 Array = jax.Array
 
@@ -76,7 +76,7 @@ def is_exploration(t, cycle_length, exploration) -> Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class CyclicalSGHMC(SGMCMC):
+class CyclicalSGHMC(Sampler):
     """Cyclical SGHMC on one client's target (see the module docstring).
 
     step_size: eta0, the learning rate at the start of each cycle (acts on the
@@ -128,14 +128,7 @@ class CyclicalSGHMC(SGMCMC):
     exploration: float = 0.5
     samples_per_cycle: int = 25
     friction: float = 0.3
-    batch_size: Optional[int] = None
-    temperature: float = 1.0
-    max_gradient_noise: Optional[float] = 0.1
-    init_strategy: str = "prior"
     num_burnin: int = 500
-    target_ess: Optional[float] = None
-    max_stretch: int = 10
-    num_chains: int = 1
 
     def __post_init__(self):
         super().__post_init__()

@@ -127,8 +127,30 @@ def _tree_depth(n_steps):
     return (32 - jax.lax.clz(n)).astype(jnp.int32)          # the bit length of n
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Hamiltonian(ClientBackend):
+    """The settings NUTS and HMC share (keyword-only): warmup, draws, thinning, the dual-averaging
+    target, the mass matrix, the initial step size and the number of chains (see :class:`NUTS`)."""
+
+    num_warmup: int = 500
+    num_samples: int = 500
+    target_accept_prob: float = 0.8
+    dense_mass: bool = False
+    thinning: int = 1
+    step_size: float = 1.0
+    adapt_step_size: bool = True
+    adapt_mass_matrix: bool = True
+    find_heuristic_step_size: bool = False
+    num_chains: int = 1
+
+    output = "samples"
+
+    def __post_init__(self):
+        _check_common(self)
+
+
 @dataclasses.dataclass(frozen=True)
-class NUTS(ClientBackend):
+class NUTS(_Hamiltonian):
     """No-U-Turn sampler on the client's full-batch target.
 
     num_warmup / num_samples: adaptation and kept transitions (after
@@ -140,22 +162,10 @@ class NUTS(ClientBackend):
     per client (:func:`fedprob.protocols.run_chains`), so client R-hat is real.
     """
 
-    num_warmup: int = 500
-    num_samples: int = 500
-    target_accept_prob: float = 0.8
     max_tree_depth: int = 10
-    dense_mass: bool = False
-    thinning: int = 1
-    step_size: float = 1.0
-    adapt_step_size: bool = True
-    adapt_mass_matrix: bool = True
-    find_heuristic_step_size: bool = False
-    num_chains: int = 1
-
-    output = "samples"
 
     def __post_init__(self):
-        _check_common(self)
+        super().__post_init__()
         if self.max_tree_depth < 1:
             raise ValueError(f"max_tree_depth must be >= 1, got {self.max_tree_depth}")
 
@@ -165,7 +175,7 @@ class NUTS(ClientBackend):
 
 
 @dataclasses.dataclass(frozen=True)
-class HMC(ClientBackend):
+class HMC(_Hamiltonian):
     """Hamiltonian Monte Carlo with a fixed path on the client's full-batch target.
 
     Either ``num_steps`` leapfrog steps per transition (step size adapted), or,
@@ -177,24 +187,12 @@ class HMC(ClientBackend):
     arguments as in :class:`NUTS`.
     """
 
-    num_warmup: int = 500
-    num_samples: int = 500
-    step_size: float = 1.0
     num_steps: Optional[int] = None
     trajectory_length: Optional[float] = 2 * math.pi
     jitter: float = 1.0
-    target_accept_prob: float = 0.8
-    dense_mass: bool = False
-    thinning: int = 1
-    adapt_step_size: bool = True
-    adapt_mass_matrix: bool = True
-    find_heuristic_step_size: bool = False
-    num_chains: int = 1
-
-    output = "samples"
 
     def __post_init__(self):
-        _check_common(self)
+        super().__post_init__()
         if self.num_steps is None and self.trajectory_length is None:
             raise ValueError("HMC needs num_steps or trajectory_length")
         if self.num_steps is not None and self.num_steps < 1:

@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, constant_schedule, step_info
+from .sgmcmc import Kernel, ThinnedSampler, check_fraction, step_info
 
 Array = jax.Array
 
@@ -72,7 +72,7 @@ def check_friction(friction) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SGHMC(SGMCMC):
+class SGHMC(ThinnedSampler):
     """SGHMC on one client's target (see the module docstring).
 
     step_size: eta (acts on the gradient of the log posterior, a sum over the
@@ -97,25 +97,10 @@ class SGHMC(SGMCMC):
 
     step_size: Optional[float] = None
     friction: float = 0.1
-    num_burnin: int = 1000
-    num_samples: int = 200
-    thinning: int = 5
-    batch_size: Optional[int] = None
-    temperature: float = 1.0
-    max_gradient_noise: Optional[float] = 0.1
-    init_strategy: str = "prior"
-    target_ess: Optional[float] = None
-    max_stretch: int = 10
-    num_chains: int = 1
 
     def __post_init__(self):
         super().__post_init__()
         check_friction(self.friction)
-        check_int("num_samples", self.num_samples, 1)
-        check_int("thinning", self.thinning, 1)
-
-    def schedule(self):
-        return constant_schedule(self.num_samples, self.thinning)
 
     def kernel(self, problem) -> Kernel:
         return sghmc_kernel(problem.grad, self.friction, self.temperature)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 import optax
 
-from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, check_positive, constant_schedule, step_info
+from .sgmcmc import Kernel, ThinnedSampler, check_fraction, check_positive, step_info
 
 Array = jax.Array
 
@@ -111,7 +111,7 @@ def psgld_step(key, state: PSGLDState, grad, step_size, temperature=1.0, decay=0
 
 
 @dataclasses.dataclass(frozen=True)
-class SGLD(SGMCMC):
+class SGLD(ThinnedSampler):
     """Stochastic gradient Langevin dynamics on one client's target.
 
     step_size: eps (acts on the gradient of the log posterior, a sum over the
@@ -159,31 +159,16 @@ class SGLD(SGMCMC):
     """
 
     step_size: Optional[float] = None
-    num_burnin: int = 1000
-    num_samples: int = 200
-    thinning: int = 5
-    batch_size: Optional[int] = None
-    temperature: float = 1.0
     preconditioner: Optional[str] = None
     rmsprop_decay: float = 0.99
     rmsprop_eps: float = 1e-5
-    max_gradient_noise: Optional[float] = 0.1
-    init_strategy: str = "prior"
-    target_ess: Optional[float] = None
-    max_stretch: int = 10
-    num_chains: int = 1
 
     def __post_init__(self):
         super().__post_init__()
-        check_int("num_samples", self.num_samples, 1)
-        check_int("thinning", self.thinning, 1)
         if self.preconditioner not in PRECONDITIONERS:
             raise ValueError(f"unknown preconditioner {self.preconditioner!r} (use None or 'rmsprop')")
         check_fraction("rmsprop_decay", self.rmsprop_decay, high_open=True)
         check_positive("rmsprop_eps", self.rmsprop_eps)
-
-    def schedule(self):
-        return constant_schedule(self.num_samples, self.thinning)
 
     def kernel(self, problem) -> Kernel:
         """SGLD, or pSGLD whose ``V`` adapts during burn-in and is frozen (decay 1) for sampling."""

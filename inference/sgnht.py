@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 
 from .sghmc import SGHMC_RATE, kinetic_temperature, sghmc_noise_scale
-from .sgmcmc import SGMCMC, Kernel, check_fraction, check_int, constant_schedule, step_info
+from .sgmcmc import Kernel, ThinnedSampler, check_fraction, step_info
 
 Array = jax.Array
 
@@ -86,7 +86,7 @@ def sgnht_step(key, state: SGNHTState, grad, step_size, diffusion, temperature=1
 
 
 @dataclasses.dataclass(frozen=True)
-class SGNHT(SGMCMC):
+class SGNHT(ThinnedSampler):
     """SGNHT on one client's target (see the module docstring).
 
     step_size: eta (acts on the gradient of the log posterior, a sum over the
@@ -105,25 +105,10 @@ class SGNHT(SGMCMC):
 
     step_size: Optional[float] = None
     diffusion: float = 0.1
-    num_burnin: int = 1000
-    num_samples: int = 200
-    thinning: int = 5
-    batch_size: Optional[int] = None
-    temperature: float = 1.0
-    max_gradient_noise: Optional[float] = 0.1
-    init_strategy: str = "prior"
-    target_ess: Optional[float] = None
-    max_stretch: int = 10
-    num_chains: int = 1
 
     def __post_init__(self):
         super().__post_init__()
         check_fraction("diffusion", self.diffusion, low_open=True)
-        check_int("num_samples", self.num_samples, 1)
-        check_int("thinning", self.thinning, 1)
-
-    def schedule(self):
-        return constant_schedule(self.num_samples, self.thinning)
 
     def kernel(self, problem) -> Kernel:
         vg, a, T = problem.grad, self.diffusion, self.temperature

@@ -36,8 +36,8 @@ from .chain import MIN_REPORTS, REPORT_STEPS, ChainOutput, num_reports, run_chai
 from .curvature import (ADAPT_EVERY, EARLY_LOOSENESS, POWER_ITERS, WARM_ITERS, adapted_step_size,
                         gradient_noise_variance, max_curvature, noise_ratios, target_scale)
 from .diagnostics import chain_diagnostics, effective_sample_size, gradient_noise_diagnostic
-from .driver import (SGMCMC, Kernel, Problem, check_common, initial_position, log_density_and_grad,
-                     sample, step_info)
+from .driver import (SGMCMC, Kernel, Problem, Sampler, ThinnedSampler, check_common, initial_position,
+                     log_density_and_grad, sample, step_info)
 from .schedules import (CYCLE_RELAXATIONS, EQUILIBRATE, ESS_SAFETY, EXPLORATION_LOOSENESS, PILOT_EVERY,
                         Schedule, constant_schedule, cyclical_schedule, resolve_target_ess, stretch_factor)
 
@@ -46,7 +46,7 @@ __all__ = [
     "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics", "gradient_noise_diagnostic",
     "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_ratios",
     "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES", "resolve_target_ess",
-    "SGMCMC", "Kernel", "Problem", "sample", "check_common", "check_fraction", "check_int", "check_positive",
+    "SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample", "check_common", "check_fraction", "check_int", "check_positive",
     "POWER_ITERS", "WARM_ITERS", "EARLY_LOOSENESS", "PILOT_EVERY", "EXPLORATION_LOOSENESS",
     "CYCLE_RELAXATIONS", "ESS_SAFETY", "EQUILIBRATE", "REPORT_STEPS", "MIN_REPORTS", "num_reports",
 ]

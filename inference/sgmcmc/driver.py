@@ -26,6 +26,7 @@ gradient) splits its key off the chain's.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -39,7 +40,7 @@ from fedprob.validation import check_int, check_positive
 from .chain import run_chain
 from .curvature import adapted_step_size, gradient_noise_variance, noise_ratios
 from .diagnostics import chain_diagnostics, gradient_noise_diagnostic
-from .schedules import Schedule, resolve_target_ess
+from .schedules import Schedule, constant_schedule, resolve_target_ess
 
 Array = jax.Array
 
@@ -167,6 +168,56 @@ class SGMCMC(ClientBackend):
         return sample(self, key, potential, target, init)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampler(SGMCMC):
+    """The settings every noise-injecting sampler shares (keyword-only).
+
+    batch_size: rows per minibatch (with replacement, weighted n/b); ``None``
+        is the full batch.
+    temperature: multiplies the injected noise variance (1 = posterior).
+    max_gradient_noise: with minibatches, the adapted step is also capped so
+        that the worst coordinate's gradient-noise ratio stays below this
+        (``None``: no cap; ignored for a given ``step_size``; see
+        :mod:`.curvature`).
+    init_strategy: start used when ``run`` gets ``init=None``: ``"prior"``
+        (one prior draw) or ``"zeros"``.
+    target_ess, max_stretch: effective-sample-size target of the draws (worst
+        coordinate; ``None``: half of the draws; 0: off); the sampling phase is
+        lengthened by an integer factor up to ``max_stretch``, chosen from a
+        pilot autocorrelation estimate of the second half of burn-in (see
+        :mod:`.schedules`). To raise a client's ESS raise the number of draws
+        and ``target_ess`` (and ``max_stretch``).
+    num_chains: independent chains per client (vmapped over chain keys by the
+        one-round methods; draws are stacked chain-major, so client R-hat is real).
+    """
+
+    batch_size: Optional[int] = None
+    temperature: float = 1.0
+    max_gradient_noise: Optional[float] = 0.1
+    init_strategy: str = "prior"
+    target_ess: Optional[float] = None
+    max_stretch: int = 10
+    num_chains: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ThinnedSampler(Sampler):
+    """A sampler with a constant-step sampling phase: ``num_burnin`` steps discarded, then a
+    draw every ``thinning`` steps, ``num_samples`` draws (keyword-only, with :class:`Sampler`'s)."""
+
+    num_burnin: int = 1000
+    num_samples: int = 200
+    thinning: int = 5
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_int("num_samples", self.num_samples, 1)
+        check_int("thinning", self.thinning, 1)
+
+    def schedule(self) -> Schedule:
+        return constant_schedule(self.num_samples, self.thinning)
+
+
 def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
     """One client's chain of ``backend`` on ``target``: draws (S, d), last position, diagnostics.
 
@@ -216,5 +267,5 @@ def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
     return ClientResult(Samples(out.draws), out.state.position, diag)
 
 
-__all__ = ["SGMCMC", "Kernel", "Problem", "sample", "check_common", "log_density_and_grad",
+__all__ = ["SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample", "check_common", "log_density_and_grad",
            "initial_position", "step_info"]
