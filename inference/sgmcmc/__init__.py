@@ -46,7 +46,8 @@ __all__ = [
     "ADAPT_EVERY", "effective_sample_size", "chain_diagnostics", "gradient_noise_diagnostic",
     "target_scale", "max_curvature", "adapted_step_size", "gradient_noise_variance", "noise_ratios",
     "log_density_and_grad", "initial_position", "step_info", "INIT_STRATEGIES", "resolve_target_ess",
-    "SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample", "check_common", "check_fraction", "check_int", "check_positive",
+    "SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample",
+    "check_common", "check_fraction", "check_int", "check_positive",
     "POWER_ITERS", "WARM_ITERS", "EARLY_LOOSENESS", "PILOT_EVERY", "EXPLORATION_LOOSENESS",
     "CYCLE_RELAXATIONS", "ESS_SAFETY", "EQUILIBRATE", "REPORT_STEPS", "MIN_REPORTS", "num_reports",
 ]

@@ -45,7 +45,8 @@ def chain_diagnostics(out) -> dict:
 
     The kernel's own per-step scalars (its ``info`` but ``finite``; e.g. grad_norm /
     log_density): means over the noisy sampling blocks' last steps (one per draw: per-step
-    diagnostics cost as much as a small model's gradient); nonfinite: any NaN/inf left in the sampling phase or the draws
+    diagnostics cost as much as a small model's gradient); nonfinite: any NaN/inf left in
+    the sampling phase or the draws
     (``finite`` is its negation; failures of an adapted chain are rolled back and counted in
     ``burnin_restarts`` / ``sampling_restarts``); ess: the smallest per-coordinate effective
     sample size of the draws; step_size: the (peak) step of the sampling phase; stretch: the

@@ -267,5 +267,5 @@ def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
     return ClientResult(Samples(out.draws), out.state.position, diag)
 
 
-__all__ = ["SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample", "check_common", "log_density_and_grad",
-           "initial_position", "step_info"]
+__all__ = ["SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample", "check_common",
+           "log_density_and_grad", "initial_position", "step_info"]
