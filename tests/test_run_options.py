@@ -329,7 +329,7 @@ def test_the_package_imports_form_no_circle():
     assert {"fedprob.run", "fedprob.algorithms.one_round", "fedprob.inference", "fedprob.models",
             "fedprob.engine.flower", "fedprob.cli", "fedprob.demo"} <= set(modules)
     graph = import_graph(modules)
-    assert "fedprob.potential" in graph["fedprob.algorithms.one_round"]      # the walker sees lazy imports
+    assert "fedprob.potential" in graph["fedprob.algorithms.client_runs"]    # the walker sees lazy imports
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
     # the walker finds a circle where there is one
