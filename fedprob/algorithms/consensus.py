@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from .. import gaussian as gauss
 from ..posteriors import GlobalPosterior, Samples
+from ..protocols import num_chains
 from .aliases import alias_field, take_alias
 from .base import Context
 from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, draws_ess, mc_message,
@@ -115,6 +116,9 @@ class ConsensusMC(SummingOneRoundAlgorithm):
         info = {"kind": "consensus monte carlo", "family": self.family,
                 "num_clients_combined": Kp, "client_ids": ids.tolist(),
                 "missing_prior_share": float(missing)}
+        C = num_chains(self.backend) if self.backend.output == "samples" else 1
+        if C > 1 and WX.shape[0] % C == 0:
+            info["num_chains"] = C          # draws chain-major: combined chain c = every client's chain c
         info.update(monte_carlo_check("ConsensusMC", Wsum, sums["mc"], ids, ess))
         return GlobalPosterior(ctx.potential, Samples(combined), info=info)
 
