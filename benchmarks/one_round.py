@@ -356,7 +356,7 @@ def one_round_methods(model, fed, test, s: Settings, task: str, val=None) -> lis
     def from_draws(algo):
         return algo.posterior_from_results(ctx, Samples(draws), key=st.key, mask=st.valid, sizes=st.sizes)
 
-    add("EPMCMC (diag)", lambda: from_draws(fp.algorithms.EPMCMC(client=backend, covariance="diag")))
+    add("EPMCMC (diag)", lambda: from_draws(fp.algorithms.EPMCMC(client=backend, family="diag")))
     add("OneShotAverage", lambda: from_draws(fp.algorithms.OneShotAverage(client=backend)))
     add("Ensemble", lambda: fp.algorithms.Ensemble(client=backend).posterior(ctx, st, res.client_states))
     return rows

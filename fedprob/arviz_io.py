@@ -124,6 +124,11 @@ def global_chains(result, num_draws: int, num_chains: int, seed: int):
     if kind == "point estimate":
         return kind, z[None], ("a point estimate: one value, not posterior draws (ESS and R-hat are undefined "
                                "and left NaN)")
+    C = int(post.info.get("num_chains", 1))
+    if C > 1 and z.shape[0] % C == 0:
+        return kind, z.reshape(C, z.shape[0] // C, -1), (
+            f"the algorithm's stored draws of the global posterior in {C} chains: chain c combines every "
+            "client's chain c, so R-hat compares independent chains")
     return kind, z[None], "the algorithm's stored draws of the global posterior, as one chain"
 
 

@@ -38,7 +38,7 @@ def demo_methods(rounds: int, quick: bool):
         ("PVI(Laplace, diag)", A.PVI(), rounds),
         ("BayesADMM(IVON)", A.BayesADMM(client=I.IVON()), rounds),
         ("OneShotAverage(Laplace)", A.OneShotAverage(client=laplace), 1),
-        ("EPMCMC(Laplace, diag)", A.EPMCMC(client=laplace, covariance="diag"), 1),
+        ("EPMCMC(Laplace, diag)", A.EPMCMC(client=laplace, family="diag"), 1),
         ("Ensemble(cSGHMC)", A.Ensemble(client=sampler), 1),
         ("PredictiveBayes(cSGHMC)", A.PredictiveBayes(client=sampler), 1),
     ]

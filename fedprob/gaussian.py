@@ -141,7 +141,7 @@ def warn_few_draws(num_draws: int, dim: int, name: str = "moment_match", stackle
             f"({'singular sample covariance, ' if num_draws <= dim else ''}eigenvalues off by factors "
             f"{lo:.2g} to {hi:.2g}); its correlations are shrunk toward zero (OAS), but a reliable full "
             f"covariance needs about {DRAWS_PER_DIM * dim} draws per client ({DRAWS_PER_DIM} per "
-            "dimension), or use covariance='diag'", RuntimeWarning, stacklevel=stacklevel)
+            "dimension), or use family='diag'", RuntimeWarning, stacklevel=stacklevel)
         return True
     return False
 
@@ -246,7 +246,7 @@ def guarded_product(clients: Gaussian, prior: Gaussian, prior_power: float, name
             f"{name}: the product of the client Gaussians (with the prior correction) is not positive "
             f"definite ({info['num_nonpositive']} non-positive direction(s)); falling back to clipping its "
             f"precision at the prior's in {info['num_clipped']} direction(s). The client posteriors are "
-            "probably too noisy (more draws, or covariance='diag', or a Gaussian client backend help).",
+            "probably too noisy (more draws, or family='diag', or a Gaussian client backend help).",
             RuntimeWarning, stacklevel=3)
     return Gaussian(lin, prec), info
 

@@ -139,15 +139,20 @@ class RunLog:
 
 
 def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, compile_time: float,
-            init_time: float, eval_data=None, info: Optional[dict] = None) -> Result:
-    """The :class:`Result` of a finished run; warns (RuntimeWarning) when rounds left clients out."""
+            init_time: float, eval_data=None, info: Optional[dict] = None, posterior=None) -> Result:
+    """The :class:`Result` of a finished run; warns (RuntimeWarning) when rounds left clients out.
+
+    ``posterior``: the final states' posterior when the caller has it already (the last round's
+    evaluation), so that it is not computed, nor its checks warned, twice.
+    """
     excluded = {h["round"]: h["excluded"] for h in log.history if h["excluded"]}
     if excluded:
         first = next(iter(excluded))
         warnings.warn(f"{len(excluded)} round(s) left clients out of the aggregate because their updates "
                       f"were not finite or over max_update_norm (first: round {first}, clients "
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=3)
-    posterior = algorithm.posterior(ctx, server, clients)
+    if posterior is None:
+        posterior = algorithm.posterior(ctx, server, clients)
     return Result(posterior, log.history, server, clients, algorithm, ctx, compile_time, init_time, eval_data,
                   log.client_diagnostics, log.draw_stats, info or {})
 

@@ -133,7 +133,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     t0 = time.perf_counter()
     server, clients = jax.block_until_ready(local.compiled_init(algorithm, ctx, data, k_init)(k_init, data))
     init_time = time.perf_counter() - t0
-    history, start, prints = [], 0, None
+    history, start, prints, posterior = [], 0, None, None
     if checkpoint is not None:
         settings = {"seed": int(seed), "clients_per_round": M, "client_chunk": engine.client_chunk,
                     "faults": faults.fingerprint(), "privacy": privacy}
@@ -154,7 +154,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         dt = time.perf_counter() - t + (compiled.info.get("client_phase_s", 0.0) if r == 0 else 0.0)
         entry = {"round": r + 1, "time": dt, **local.round_record(rinfo, r + 1, K, faults, privacy)}
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
-            entry.update(evaluate(algorithm.posterior(ctx, server, compiled.host_clients(clients)), *evald))
+            posterior = algorithm.posterior(ctx, server, compiled.host_clients(clients))
+            entry.update(evaluate(posterior, *evald))
         log.add(entry, rinfo)
         if checkpoint is not None:
             ckpt.save(checkpoint.dir, r + 1, server, clients, log.history, prints, checkpoint.keep)
@@ -165,8 +166,9 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     if bar is not None:
         bar.close()
     # collect
+    # the last round's evaluated posterior is the result's (computed once: its Monte Carlo checks warn once)
     return collect(algorithm, ctx, server, compiled.host_clients(clients), log, compiled.compile_time, init_time,
-                   evald, compiled.info)
+                   evald, compiled.info, posterior if evald is not None and start < rounds else None)
 
 
 __all__ = ["run", "Result", "get_potential"]

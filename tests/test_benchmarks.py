@@ -121,3 +121,16 @@ def test_one_round_benchmark_quick(data_root):
     assert bench.PAPER["table1_accuracy_percent"]["EP MCMC"]["fashion_mnist"] == (83.30, 1.53)
     assert bench.PAPER["table2_mse"]["PredictiveBayes"]["bike_sharing"] == (0.0587, 0.0120)
     assert bench.PAPER["table2_mse"]["FedAvg (5 rounds)"]["air_quality"] == (1.070, 0.022)
+
+
+def test_overhead_benchmark_quick(tmp_path):
+    """benchmarks/overhead.py --quick: fp.run beside its client phase and the gradient + noise floor."""
+    bench = load_script("overhead")
+    out = bench.main(["--quick", "--out", str(tmp_path)])
+    row = out["row"]
+    for k in ("run_over_floor", "run_over_client_phase"):
+        assert positive_finite(row[k]), (k, row)
+    # the run contains its client phase, which is at least the steps' floor up to timing noise
+    assert row["run_s"]["best"] >= row["client_phase_s"]["best"]
+    assert row["accuracy"] > 0.5
+    assert (tmp_path / "overhead.json").exists()

@@ -81,7 +81,7 @@ def test_pvi_and_bayes_admm_are_exact_after_one_round_admm_is_not(x64):
     model = linreg_model(PRIOR, SIGMA)
     mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
     prec = np.linalg.inv(cov)
-    for algo in (PVI(family="full", damping=1.0), BayesADMM(covariance="full", rho=1 / 4, gamma=1 / 4)):   # Prop. 3.2
+    for algo in (PVI(family="full", damping=1.0), BayesADMM(family="full", rho=1 / 4, damping=1 / 4)):   # Prop. 3.2
         g = run(algo, model, fed, 1).posterior.form
         np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=1e-7)
         np.testing.assert_allclose(np.asarray(g.precision), prec, rtol=1e-6)
@@ -202,7 +202,7 @@ def test_fedlap_fedlap_cov_admm_feddyn_converge_to_the_global_map(x64, logistic)
     fed, _, w_map, prec_map = logistic
     model = fp.models.logistic_regression(prior_scale=PRIOR)
     # FedLap-Cov and FedDyn converge fast; FedLap (damping 1/K) and ADMM (rho = 1/K) slowly, geometrically
-    for algo, rounds, tol in ((FedLapCov(), 40, 1e-3), (FedDyn(), 30, 1e-3), (FedLap(rho="clients"), 60, 2e-2),
+    for algo, rounds, tol in ((FedLapCov(), 40, 1e-3), (FedDyn(), 30, 1e-3), (FedLap(damping="clients"), 60, 2e-2),
                               (ADMM(), 60, 5e-2)):
         post = run(algo, model, fed, rounds).posterior
         np.testing.assert_allclose(np.asarray(post.form.mean()), w_map, atol=tol, err_msg=type(algo).__name__)
@@ -252,22 +252,22 @@ def test_bad_configurations_fail_early():
         PVI(family="lowrank")
     with pytest.raises(ValueError, match="damping"):
         PVI(damping=1.5)
-    with pytest.raises(ValueError, match="rho"):
-        FedLap(rho="sometimes")
+    with pytest.raises(ValueError, match="damping"):
+        FedLap(damping="sometimes")
     with pytest.raises(ValueError, match="hessian"):
         FedLapCov(hessian="full")
     with pytest.raises(ValueError, match="Gaussian backend"):
         PVI(client=fp.inference.SGLD())
     with pytest.raises(ValueError, match="alpha"):
         FedDyn(alpha=0.0)
-    with pytest.raises(ValueError, match="covariance"):
-        BayesADMM(covariance="block")
+    with pytest.raises(ValueError, match="family"):
+        BayesADMM(family="block")
     with pytest.raises(ValueError, match="memory_points"):
         FedLapFunc(memory_points=-1)
     with pytest.raises(ValueError, match="tau"):
         FedLapFunc(tau=-1.0)
-    with pytest.raises(ValueError, match="rho"):
-        FedLapFunc(rho=2.0)
+    with pytest.raises(ValueError, match="damping"):
+        FedLapFunc(damping=2.0)
 
 
 @pytest.mark.slow
@@ -338,7 +338,7 @@ def test_fedlap_func_exact_function_space_terms_and_its_fixed_point(x64):
     fed = fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
     model = linreg_model(PRIOR, sigma)
     w_map, _ = linreg_exact_posterior(Xs, ys, sigma, PRIOR)
-    got = run(FedLapFunc(memory_points=20, rho=1.0, tau=1.0), model, fed, 1).posterior.form.mean()
+    got = run(FedLapFunc(memory_points=20, damping=1.0, tau=1.0), model, fed, 1).posterior.form.mean()
     np.testing.assert_allclose(np.asarray(got), w_map, atol=1e-6)
     for r in (1, 3):
         a, b = (run(x, model, fed, r).posterior.form.mean() for x in (FedLapFunc(memory_points=0), FedLap()))
@@ -415,3 +415,51 @@ def test_default_rounds_take_damped_sites_to_99_percent():
     for K, g in ((4, 0.25), (10, 0.1)):
         r = PVI().rounds_for(K, [10] * K, K)
         assert (1 - g) ** r < 0.01 <= (1 - g) ** (r - 1)
+
+
+def test_papers_names_are_aliases_that_warn():
+    """rho (FedLap family), gamma (BayesADMM, NaturalLoop) and covariance still work, warn, and give the
+    canonical object; passing both names is refused; family follows the client backend when not given."""
+    from fedprob.algorithms import NaturalLoop
+    from fedprob.inference import IVON, SVI, VON, Laplace
+
+    cases = [(lambda: FedLap(rho=0.5), FedLap(damping=0.5)), (lambda: FedLapCov(rho=0.25), FedLapCov(damping=0.25)),
+             (lambda: FedLapFunc(rho=1.0), FedLapFunc(damping=1.0)),
+             (lambda: BayesADMM(covariance="full", gamma=None), BayesADMM(family="full", damping=None)),
+             (lambda: NaturalLoop(gamma="clients"), NaturalLoop(damping="clients")),
+             (lambda: fp.algorithms.EPMCMC(covariance="diag"), fp.algorithms.EPMCMC(family="diag")),
+             (lambda: fp.algorithms.ConsensusMC(covariance="diag"), fp.algorithms.ConsensusMC(family="diag"))]
+    for old, new in cases:
+        with pytest.warns(FutureWarning, match="is now"):
+            got = old()
+        assert got == new and hash(got) == hash(new), (got, new)
+    with pytest.raises(ValueError, match="only"):
+        FedLap(rho=0.5, damping=0.25)
+    assert PVI().family == "diag" and BayesADMM().family == "diag"
+    for client, family in ((Laplace(hessian="full"), "full"), (Laplace(hessian="ggn"), "full"),
+                           (Laplace(hessian="diag_ggn"), "diag"), (SVI(guide="full"), "full"),
+                           (SVI(guide="normal"), "diag"), (IVON(), "diag"), (VON(), "full")):
+        assert PVI(client=client).family == family and BayesADMM(client=client).family == family, client
+    assert PVI(client=Laplace(hessian="full"), family="diag").family == "diag"     # given: kept
+
+
+def test_pvi_default_family_keeps_a_full_laplace_hessian(x64):
+    """PVI(client=Laplace(hessian="full"), damping=1.0) at its default family is exact on a conjugate problem
+    (a diagonal family would drop the client's off-diagonal curvature: 0.67 sd off, sds 1.14-1.25x)."""
+    from conftest import linreg_exact_posterior, padded_correlated_client
+
+    w_true, sigma = np.array([1.0, -2.0, 0.5]), 0.5
+    sizes = (30, 60, 120)
+    Xs, ys = [], []
+    for k, n in enumerate(sizes):
+        X, y = padded_correlated_client(k, n, n, w_true, sigma)
+        Xs.append(X), ys.append(y)
+    fed = fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
+    model = linreg_model(prior_scale=1.0, sigma=sigma)
+    mean, cov = linreg_exact_posterior(Xs, ys, sigma, 1.0)
+    algo = PVI(client=fp.inference.Laplace(hessian="full"), damping=1.0)
+    assert algo.family == "full"
+    post = fp.run(algo, model, fed, rounds=2, progress=False).posterior
+    sd = np.sqrt(np.diag(cov))
+    assert np.max(np.abs(np.asarray(post.flat_mean) - mean) / sd) < 0.02
+    np.testing.assert_allclose(np.sqrt(np.diag(np.asarray(post.form.covariance()))), sd, rtol=0.02)

@@ -45,12 +45,12 @@ def test_bayes_admm_with_ivon_clients_on_credit(data_root):
     res = fp.run(BayesADMM(client=IVON()), model, fed, rounds=20, eval_data=test, progress=False)
     assert res.metric("accuracy")[-1] >= 0.847 and res.metric("nll")[-1] < 0.37
     assert all(h["server_update_ok"] and not h["excluded"] for h in res.history)
-    one = fp.run(BayesADMM(client=IVON(), gamma=1.0), model, fed, rounds=1, progress=False)
+    one = fp.run(BayesADMM(client=IVON(), damping=1.0), model, fed, rounds=1, progress=False)
     s_g, u = np.asarray(one.server_state.lam.precision), np.asarray(one.client_states.precision)
     K = fed.num_clients
     np.testing.assert_allclose(s_g, 1.0 + 2 * u.sum(0) / (K + 1), rtol=1e-4)
     assert (s_g[None] - u).min() < 0
-    two = fp.run(BayesADMM(client=IVON(), gamma=1.0), model, fed, rounds=2, progress=False)
+    two = fp.run(BayesADMM(client=IVON(), damping=1.0), model, fed, rounds=2, progress=False)
     assert np.abs(np.asarray(two.posterior.form.mean())).max() > 1e3
 
 

@@ -184,7 +184,7 @@ def test_epmcmc_diag_is_the_product_of_marginal_gaussians():
     """Diagonal variant: precision sum_k 1/var_k - (K-1)/prior_var per coordinate, by hand."""
     msg = exact_messages(CLIENTS)
     var = np.stack([np.diag(np.linalg.inv(P)) for P in msg["precision"]])
-    post, _, _ = aggregate(fp.algorithms.EPMCMC(covariance="diag"), FED, Gaussian(msg["mean"] / var, 1.0 / var))
+    post, _, _ = aggregate(fp.algorithms.EPMCMC(family="diag"), FED, Gaussian(msg["mean"] / var, 1.0 / var))
     prec = (1.0 / var).sum(0) - (K - 1) / PRIOR ** 2
     lin = (msg["mean"] / var).sum(0)
     np.testing.assert_allclose(np.asarray(post.form.precision), prec, rtol=1e-4)
@@ -216,7 +216,7 @@ def test_consensus_diag_combination_by_hand():
     rng = np.random.default_rng(0)
     draws = rng.normal(size=(K, 50, D)) * rng.uniform(0.5, 2.0, size=(K, 1, D)) + rng.normal(size=(K, 1, D))
     W = 1.0 / draws.var(1, ddof=1)                                    # (K, d)
-    post, _, _ = aggregate(fp.algorithms.ConsensusMC(covariance="diag"), FED, Samples(draws))
+    post, _, _ = aggregate(fp.algorithms.ConsensusMC(family="diag"), FED, Samples(draws))
     want = np.einsum("kd,ksd->sd", W, draws) / W.sum(0)
     np.testing.assert_allclose(np.asarray(post.form.draws), want, rtol=1e-4, atol=1e-5)
 
@@ -486,7 +486,7 @@ def test_parametric_server_state_does_not_grow_with_the_number_of_clients():
         return {k: v.shape for k, v in state.sums.items()}, state.valid.shape
 
     for algo in (fp.algorithms.EPMCMC(client=Exact("samples", num_samples=50)),
-                 fp.algorithms.ConsensusMC(client=Exact("samples", num_samples=50), covariance="diag")):
+                 fp.algorithms.ConsensusMC(client=Exact("samples", num_samples=50), family="diag")):
         s4, v4 = leaf_shapes(algo, 4)
         s40, v40 = leaf_shapes(algo, 40)
         assert s4 == s40 and v4 == (4,) and v40 == (40,)
@@ -726,8 +726,8 @@ def test_ensemble_is_the_size_weighted_mixture():
 
 
 def test_bad_arguments_fail_early():
-    with pytest.raises(ValueError, match="covariance"):
-        fp.algorithms.EPMCMC(covariance="dense")
+    with pytest.raises(ValueError, match="family"):
+        fp.algorithms.EPMCMC(family="dense")
     with pytest.raises(ValueError, match="method"):
         fp.algorithms.EPMCMC(method="kde")
     with pytest.raises(ValueError, match="beta"):

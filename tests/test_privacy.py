@@ -97,7 +97,7 @@ def test_natural_parameter_deltas_are_clipped_and_noised():
     """Natural-parameter servers use only the deltas lambda_k - lambda_g: every aggregated delta is
     clipped to norm C, so PVI's site sum moves by at most gamma M' C per round; BayesADMM (whose
     server also averages the client posteriors) is private too, and with no noise and a bound that
-    never binds it is the plain run; gamma="size" needs private sizes at the server and is refused."""
+    never binds it is the plain run; damping="size" needs private sizes at the server and is refused."""
     fed = make_fed()
     K = fed.num_clients
     flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])
@@ -118,7 +118,7 @@ def test_natural_parameter_deltas_are_clipped_and_noised():
     tight = fp.run(admm, MODEL, fed, rounds=1, progress=False,
                    privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=0.0))
     s0 = tight.history[0]
-    gamma, alpha = admm.gamma, 1.0 / (1.0 + admm.rho * K)
+    gamma, alpha = admm.damping, 1.0 / (1.0 + admm.rho * K)
     # site sum: at most gamma K C; the server moves from the prior by at most (1 - alpha) C + alpha gamma K C
     assert np.linalg.norm(flat(tight.server_state.site_sum)) <= gamma * K * C * 1.001
     prior = flat(tight.server_state.prior)

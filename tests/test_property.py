@@ -21,7 +21,7 @@ def MODEL(X, y=None):
 
 FEDAVG = fp.algorithms.FedAvg(local_steps=2, batch_size=4, learning_rate=0.05)
 EPMCMC = fp.algorithms.EPMCMC(client=fp.inference.SGLD(step_size=1e-3, num_samples=20, num_burnin=10,
-                                                       batch_size=None), covariance="diag")
+                                                       batch_size=None), family="diag")
 
 
 CASES = dict(n=st.integers(1, 40), d=st.integers(1, 3), K=st.integers(1, 6),

@@ -37,7 +37,7 @@ def test_full_bayes_admm_with_von_clients_is_near_exact_after_one_round(x64):
     """Prop. 3.2 with VON client solves: rho = gamma = 1/K, one round, full covariance."""
     Xs, ys, fed = linreg_clients([5, 20, 40, 60])
     mean, cov = linreg_exact_posterior(Xs, ys, SIGMA, PRIOR)
-    algo = BayesADMM(client=VON(map_steps=0), covariance="full", rho=1 / 4, gamma=1 / 4)
+    algo = BayesADMM(client=VON(map_steps=0), family="full", rho=1 / 4, damping=1 / 4)
     g = fp.run(algo, linreg_model(PRIOR, SIGMA), fed, rounds=1, progress=False).posterior.form
     np.testing.assert_allclose(np.asarray(g.precision), np.linalg.inv(cov), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(g.mean()), mean, atol=0.15 * np.sqrt(np.diag(cov)).min())

@@ -14,7 +14,7 @@ duals at the server, which is the same algorithm); server (lines 9-11)::
 with ``alpha = 1 / (1 + rho K)``, started at the prior. The client problem
 is solved by the backend given: :class:`~fedprob.inference.IVON` (Alg. 2)
 or a Laplace/Newton solve (the delta approximation at the mode, with the
-diagonal GGN for ``covariance="diag"`` and the full GGN for ``"full"``,
+diagonal GGN for ``family="diag"`` and the full GGN for ``"full"``,
 exact for quadratic losses, App. C.4), or, for ``covariance="full"``,
 :class:`~fedprob.inference.VON` (variational online Newton with a full
 precision, the paper's full-covariance solver). The default is the Laplace solve
@@ -66,6 +66,7 @@ import jax.numpy as jnp
 
 from ..inference.ivon import IVONInputs
 from ..inference.laplace import Laplace
+from .aliases import alias_field, follow_backend, take_alias
 from .natural import Configured, NaturalLoop
 
 
@@ -90,9 +91,10 @@ class BayesADMM(Configured):
 
     client: Gaussian backend (None: ``Laplace(hessian="diag_ggn")`` for diag,
     ``Laplace(hessian="ggn")`` for full; ``IVON()`` is Alg. 1 as printed; ``VON()`` the
-    full-covariance variational solve); covariance: "diag" or "full"; rho: KL weight (1; 1/K gives Prop. 3.2);
-    gamma: dual step (0.1, the paper's
-    usual value; None = rho, as in Prop. 3.2); delta: prior precision (None = the model
+    full-covariance variational solve); family: "diag" or "full" (None, the default: the
+    client's own family, "diag" without a client; alias ``covariance``); rho: KL weight (1; 1/K
+    gives Prop. 3.2); damping: the site (dual) step (0.1, the paper's usual value; None = rho,
+    as in Prop. 3.2; alias ``gamma``, the paper's name); delta: prior precision (None = the model
     prior's); tau: temperature of the client losses (1: the posterior of the model; the
     paper's 0.1 gives each client ``lambda = N_k / tau`` and a 10 times sharper likelihood,
     which a network under a weak prior needs: with IVON clients on the Fashion-MNIST MLP of
@@ -102,26 +104,31 @@ class BayesADMM(Configured):
     """
 
     client: Any = None
-    covariance: str = "diag"
+    family: Optional[str] = None
     rho: float = 1.0
-    gamma: Optional[float] = 0.1
+    damping: Optional[float] = 0.1
     delta: Optional[float] = None
     tau: float = 1.0
     prediction: str = "average"
     num_predictive_draws: int = 32
+    covariance: Any = alias_field()
+    gamma: Any = alias_field()
 
     def __post_init__(self):
-        if self.covariance not in ("diag", "full"):
-            raise ValueError(f"covariance must be 'diag' or 'full', got {self.covariance!r}")
+        take_alias(self, "family", "covariance", None)
+        take_alias(self, "damping", "gamma", 0.1)
+        follow_backend(self)
+        if self.family not in ("diag", "full"):
+            raise ValueError(f"family must be 'diag' or 'full', got {self.family!r}")
         self.loop()
 
     def loop(self) -> NaturalLoop:
         client = self.client
         if client is None:
-            client = Laplace(hessian="diag_ggn" if self.covariance == "diag" else "ggn")
+            client = Laplace(hessian="diag_ggn" if self.family == "diag" else "ggn")
         rho: Union[float, str] = self.rho
-        gamma: Union[float, str] = "rho" if self.gamma is None else self.gamma
-        return NaturalLoop(client=client, family=self.covariance, rho=rho, gamma=gamma, alpha="admm",
+        damping: Union[float, str] = "rho" if self.damping is None else self.damping
+        return NaturalLoop(client=client, family=self.family, rho=rho, damping=damping, alpha="admm",
                            delta=self.delta, tau=self.tau, prediction=self.prediction,
                            num_predictive_draws=self.num_predictive_draws)
 

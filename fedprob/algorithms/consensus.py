@@ -4,7 +4,7 @@ Client k samples its sub-posterior ``p0(w)^(1/K) p(D_k | w)`` (prior share
 1/K, arranged here) and computes the weight ``W_k = Sigma_k^-1``, the inverse
 of its sample covariance (its correlations shrunk toward zero when it has
 fewer than 10 d draws, :func:`fedprob.gaussian.moment_match`;
-``covariance="diag"``: elementwise inverse variances). The server combines the s-th draw of every client::
+``family="diag"``: elementwise inverse variances). The server combines the s-th draw of every client::
 
     w_s = (sum_k W_k)^-1 sum_k W_k w_{k,s},     s = 1..S.
 
@@ -37,12 +37,15 @@ Draws must be aligned: every client returns the same number S.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from .. import gaussian as gauss
 from ..posteriors import GlobalPosterior, Samples
+from ..protocols import num_chains
+from .aliases import alias_field, take_alias
 from .base import Context
 from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, draws_ess, mc_message,
                         monte_carlo_check, result_draws, result_gaussian)
@@ -52,21 +55,23 @@ from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, draws
 class ConsensusMC(SummingOneRoundAlgorithm):
     """Consensus Monte Carlo over client sub-posteriors (see the module docstring).
 
-    client: the backend (default NUTS); covariance: ``"full"`` or ``"diag"``
+    client: the backend (default NUTS); family: ``"full"`` or ``"diag"`` (alias ``covariance``)
     weights; num_samples: draws taken from a Gaussian client output;
     jitter: added to each sample covariance, relative to its mean variance;
     num_prior_samples: prior draws for moment matching a non-Gaussian prior
     when a masked client's prior share is put back.
     """
 
-    covariance: str = "full"
+    family: str = "full"
     num_samples: int = 1000
     jitter: float = 1e-6
     num_prior_samples: int = 2000
+    covariance: Any = alias_field()
 
     def __post_init__(self):
         super().__post_init__()
-        check_choice("covariance", self.covariance, ("full", "diag"))
+        take_alias(self, "family", "covariance", "full")
+        check_choice("family", self.family, ("full", "diag"))
         check_int("num_samples", self.num_samples, 2)
         check_int("num_prior_samples", self.num_prior_samples, 2)
         if not self.jitter >= 0:
@@ -77,7 +82,7 @@ class ConsensusMC(SummingOneRoundAlgorithm):
 
     def make_message(self, ctx, result, key):
         """``{"weight": W_k, "weighted_draws": W_k w_{k,s} (S, d), "mc", "ess"}``."""
-        diag = self.covariance == "diag"
+        diag = self.family == "diag"
         post = result.posterior if hasattr(result, "posterior") else result
         draws = result_draws(post, key, self.num_samples)
         if draws.shape[0] < 2:      # shapes are static: this fails at init, before compiling
@@ -98,7 +103,7 @@ class ConsensusMC(SummingOneRoundAlgorithm):
         sums, ids, ess = self.counted(server_state)
         Kp = int(ids.size)
         Wsum, WX = sums["weight"], sums["weighted_draws"]           # (d[, d]), (S, d)
-        diag = self.covariance == "diag"
+        diag = self.family == "diag"
         missing = (ctx.num_clients - Kp) / ctx.num_clients
         if missing > 0:
             k_prior, k_draw = jax.random.split(server_state.key)
@@ -108,9 +113,12 @@ class ConsensusMC(SummingOneRoundAlgorithm):
             Wsum = Wsum + g0.precision
             WX = WX + (g0.precision * d0 if diag else d0 @ g0.precision)
         combined = WX / Wsum if diag else jnp.linalg.solve(Wsum, WX.T).T
-        info = {"kind": "consensus monte carlo", "covariance": self.covariance,
+        info = {"kind": "consensus monte carlo", "family": self.family,
                 "num_clients_combined": Kp, "client_ids": ids.tolist(),
                 "missing_prior_share": float(missing)}
+        C = num_chains(self.backend) if self.backend.output == "samples" else 1
+        if C > 1 and WX.shape[0] % C == 0:
+            info["num_chains"] = C          # draws chain-major: combined chain c = every client's chain c
         info.update(monte_carlo_check("ConsensusMC", Wsum, sums["mc"], ids, ess))
         return GlobalPosterior(ctx.potential, Samples(combined), info=info)
 

@@ -48,7 +48,7 @@ exact, run at the server in ``posterior()`` as a ``lax.scan``, and suit small
 d only: at finite sizes the kernel smoothing and the slowly mixing index
 chain leave errors of a few tenths of a posterior sd (d = 2, 1000 draws per
 client). Each client's kernel is shaped by its own sample covariance (kernel
-covariance ``h^2 Sigma_k``; ``covariance="diag"``: its variances), so
+covariance ``h^2 Sigma_k``; ``family="diag"``: its variances), so
 ``bandwidth`` is in units of that client's spread. The paper uses isotropic
 kernels ``h^2 I``; both are exact as h -> 0, and shaped kernels keep the
 product's mean right at finite h when the sub-posteriors differ in scale.
@@ -64,13 +64,14 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
 from .. import gaussian as gauss
 from ..posteriors import Gaussian, GlobalPosterior, Samples
+from .aliases import alias_field, take_alias
 from .base import Context
 from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, client_gaussian_message,
                         monte_carlo_check, result_draws)
@@ -82,7 +83,7 @@ METHODS = ("parametric", "nonparametric", "semiparametric")
 class EPMCMC(SummingOneRoundAlgorithm):
     """Embarrassingly parallel MCMC (see the module docstring).
 
-    client: the backend (default NUTS); covariance: ``"full"`` or ``"diag"``
+    client: the backend (default NUTS); family: ``"full"`` or ``"diag"`` (alias ``covariance``)
     Gaussians (diag for large d); method: ``"parametric"``,
     ``"nonparametric"`` or ``"semiparametric"``; num_samples: draws of the
     (non/semi)parametric server sampler, and draws taken from a Gaussian
@@ -95,7 +96,7 @@ class EPMCMC(SummingOneRoundAlgorithm):
     a non-Gaussian prior.
     """
 
-    covariance: str = "full"
+    family: str = "full"
     method: str = "parametric"
     num_samples: int = 1000
     subposteriors: Optional[bool] = None
@@ -103,10 +104,12 @@ class EPMCMC(SummingOneRoundAlgorithm):
     sweeps: int = 5
     jitter: float = 1e-6
     num_prior_samples: int = 2000
+    covariance: Any = alias_field()
 
     def __post_init__(self):
         super().__post_init__()
-        check_choice("covariance", self.covariance, ("full", "diag"))
+        take_alias(self, "family", "covariance", "full")
+        check_choice("family", self.family, ("full", "diag"))
         check_choice("method", self.method, METHODS)
         check_int("num_samples", self.num_samples, 2)
         check_int("num_prior_samples", self.num_prior_samples, 2)
@@ -131,7 +134,7 @@ class EPMCMC(SummingOneRoundAlgorithm):
 
     def make_message(self, ctx, result, key):
         if self.method == "parametric":
-            return client_gaussian_message(result, self.covariance == "diag", self.jitter, "EPMCMC")
+            return client_gaussian_message(result, self.family == "diag", self.jitter, "EPMCMC")
         return {"draws": result_draws(result, key, self.num_samples)}
 
     def check_message(self, ctx, shapes):
@@ -150,11 +153,11 @@ class EPMCMC(SummingOneRoundAlgorithm):
         else:
             msgs, _, ids = self.received(server_state)
         Kp = int(ids.size)
-        diag = self.covariance == "diag"
+        diag = self.family == "diag"
         power = self.prior_power(ctx, Kp)
         k_prior, k_chain = jax.random.split(server_state.key)
         g0, exact = gauss.prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
-        info = {"kind": f"ep-mcmc ({self.method})", "covariance": self.covariance,
+        info = {"kind": f"ep-mcmc ({self.method})", "family": self.family,
                 "num_clients_combined": Kp, "client_ids": ids.tolist(), "prior_power": power,
                 "prior_exact": bool(exact), "subposteriors": self.uses_subposteriors}
         if self.method == "parametric":

@@ -15,7 +15,7 @@ alpha = 1`` (PVI) and the delta approximation at the client:
   (H_k the diagonal GGN, or the exact Hessian diagonal, of ``l_k`` at
   ``w_k``); duals ``v_k += rho (S_k w_k - S_g w_g)``, ``V_k += rho (S_k -
   S_g) = (1 - rho) V_k + rho H_k``; server ``S_g = delta I + sum_k V_k``,
-  ``w_g = S_g^-1 sum_k v_k``. Default ``rho = 1/K``. This is damped PVI
+  ``w_g = S_g^-1 sum_k v_k``. Default damping ``rho = 1/K``. This is damped PVI
   with diagonal Laplace client solves, step for step.
 
 ``l_k`` is the summed negative log likelihood of the client's rows; the
@@ -29,45 +29,50 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from ..inference.laplace import Laplace
+from .aliases import alias_field, take_alias
 from .natural import Configured, NaturalLoop
 
 _HESSIANS = {"ggn": "diag_ggn", "diag": "diag"}
 
 
-def _check_rho(rho):
-    if isinstance(rho, str):
-        if rho not in ("size", "clients"):
-            raise ValueError(f"rho must be a number in (0, 1], 'size' (N_k/N) or 'clients' (1/K), got {rho!r}")
-    elif not 0.0 < float(rho) <= 1.0:
-        raise ValueError(f"rho must lie in (0, 1], got {rho!r}")
+def _check_damping(damping):
+    if isinstance(damping, str):
+        if damping not in ("size", "clients"):
+            raise ValueError(f"damping must be a number in (0, 1], 'size' (N_k/N) or 'clients' (1/K), "
+                             f"got {damping!r}")
+    elif not 0.0 < float(damping) <= 1.0:
+        raise ValueError(f"damping must lie in (0, 1], got {damping!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class FedLap(Configured):
     """FedLap (module docstring): isotropic PVI with the delta approximation.
 
-    delta: prior (and family) precision, None = the model prior's; rho: site
-    damping ("size": N_k/N, "clients": 1/K, or a number); prediction:
+    delta: prior (and family) precision, None = the model prior's; damping:
+    the site step ("size": N_k/N, "clients": 1/K, or a number; alias ``rho``,
+    the paper's name); prediction:
     "mean" (at w_g, the default: the family's covariance is the prior's) or
     "average".
     """
 
     delta: Optional[float] = None
-    rho: Union[float, str] = "size"
+    damping: Union[float, str] = "size"
     num_steps: int = 200
     optimizer: Any = None
     learning_rate: Optional[float] = None
     batch_size: Optional[int] = None
     prediction: str = "mean"
+    rho: Any = alias_field()
 
     def __post_init__(self):
-        _check_rho(self.rho)
+        take_alias(self, "damping", "rho", "size")
+        _check_damping(self.damping)
         self.loop()
 
     def loop(self) -> NaturalLoop:
         client = Laplace(num_steps=self.num_steps, optimizer=self.optimizer, learning_rate=self.learning_rate,
                          batch_size=self.batch_size)
-        return NaturalLoop(client=client, family="isotropic", rho=1.0, gamma=self.rho, alpha=1.0,
+        return NaturalLoop(client=client, family="isotropic", rho=1.0, damping=self.damping, alpha=1.0,
                            delta=self.delta, prediction=self.prediction)
 
 
@@ -75,14 +80,14 @@ class FedLap(Configured):
 class FedLapCov(Configured):
     """FedLap-Cov (module docstring): diagonal PVI with Laplace client solves.
 
-    delta: prior precision, None = the model prior's; rho: damping (default
-    "clients" = 1/K); hessian: "ggn" (diagonal generalized Gauss-Newton, PSD)
+    delta: prior precision, None = the model prior's; damping: the site step
+    (default "clients" = 1/K; alias ``rho``, the paper's name); hessian: "ggn" (diagonal generalized Gauss-Newton, PSD)
     or "diag" (exact Hessian diagonal, clipped at a small positive floor);
     prediction: "average" over draws of q_g (default) or "mean".
     """
 
     delta: Optional[float] = None
-    rho: Union[float, str] = "clients"
+    damping: Union[float, str] = "clients"
     hessian: str = "ggn"
     num_steps: int = 200
     optimizer: Any = None
@@ -90,9 +95,11 @@ class FedLapCov(Configured):
     batch_size: Optional[int] = None
     prediction: str = "average"
     num_predictive_draws: int = 32
+    rho: Any = alias_field()
 
     def __post_init__(self):
-        _check_rho(self.rho)
+        take_alias(self, "damping", "rho", "clients")
+        _check_damping(self.damping)
         if self.hessian not in _HESSIANS:
             raise ValueError(f"hessian must be 'ggn' or 'diag', got {self.hessian!r}")
         self.loop()
@@ -100,7 +107,7 @@ class FedLapCov(Configured):
     def loop(self) -> NaturalLoop:
         client = Laplace(hessian=_HESSIANS[self.hessian], num_steps=self.num_steps, optimizer=self.optimizer,
                          learning_rate=self.learning_rate, batch_size=self.batch_size)
-        return NaturalLoop(client=client, family="diag", rho=1.0, gamma=self.rho, alpha=1.0, delta=self.delta,
+        return NaturalLoop(client=client, family="diag", rho=1.0, damping=self.damping, alpha=1.0, delta=self.delta,
                            prediction=self.prediction, num_predictive_draws=self.num_predictive_draws)
 
 

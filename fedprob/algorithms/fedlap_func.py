@@ -54,7 +54,7 @@ Credit split ran well for 30 rounds (83-85% accuracy) and then diverged
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +63,8 @@ import optax
 from ..posteriors import Gaussian, GlobalPosterior
 from ..potential import make_target
 from .base import Algorithm, Context, masked_sum
-from .fedlap import _check_rho
+from .aliases import alias_field, take_alias
+from .fedlap import _check_damping
 from .natural import model_prior
 
 Array = jax.Array
@@ -145,7 +146,8 @@ def function_space_term(potential, w, X, labels, weight):
 class FedLapFunc(Algorithm):
     """FedLap-Func (module docstring).
 
-    delta: prior precision (None: the model's prior); rho: damping ("size":
+    delta: prior precision (None: the model's prior); damping: the site step
+    (alias ``rho``, the paper's name; "size":
     N_k/N, "clients": 1/K, or a number in (0, 1]); tau: weight of the
     function-space terms (per memory point ``tau N_k / M_k``; default 0.1);
     memory_points: shared inputs per client; num_steps / server_steps:
@@ -153,16 +155,18 @@ class FedLapFunc(Algorithm):
     """
 
     delta: Optional[float] = None
-    rho: Union[float, str] = "size"
+    damping: Union[float, str] = "size"
     tau: float = 0.1
     memory_points: int = 2
     num_steps: int = 200
     server_steps: int = 100
+    rho: Any = alias_field()
 
     default_rounds = 10
 
     def __post_init__(self):
-        _check_rho(self.rho)
+        take_alias(self, "damping", "rho", "size")
+        _check_damping(self.damping)
         if not (float(self.tau) >= 0.0):
             raise ValueError(f"tau must be >= 0, got {self.tau!r}")
         if int(self.memory_points) < 0:
@@ -174,11 +178,11 @@ class FedLapFunc(Algorithm):
 
     def _rho(self, ctx: Context, n):
         dt = jnp.result_type(float)
-        if self.rho == "size":
+        if self.damping == "size":
             return jnp.asarray(n, dt) / float(ctx.num_rows)
-        if self.rho == "clients":
+        if self.damping == "clients":
             return jnp.asarray(1.0 / ctx.num_clients, dt)
-        return jnp.asarray(float(self.rho), dt)
+        return jnp.asarray(float(self.damping), dt)
 
     def init(self, ctx: Context, key, data):
         pot = ctx.potential

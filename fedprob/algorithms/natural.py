@@ -72,6 +72,7 @@ from ..inference.optim import minimize
 from ..posteriors import Gaussian, GlobalPosterior
 from ..potential import make_target
 from ..protocols import ClientBackend
+from .aliases import alias_field, follow_backend, take_alias
 from .base import Algorithm, Context, masked_sum, stack_init
 
 Array = jax.Array
@@ -177,11 +178,14 @@ class NaturalLoop(Algorithm):
     client: a Gaussian client backend (``None``: ``Laplace(hessian="diag_ggn")``
         for "diag", ``Laplace(hessian="ggn")`` for "full"; for "isotropic" only
         the mode is used, searched with the backend's optimizer settings).
-    family: "isotropic", "diag" or "full".
+    family: "isotropic", "diag" or "full" (None, the default: the client
+        backend's own, :func:`fedprob.algorithms.aliases.backend_family`;
+        "diag" without a client).
     rho: weight of ``KL(q || q_g)`` in the client problem; a number, or
         ``"clients"`` for ``1 / K``.
-    gamma: dual step; a number, ``"size"`` for ``N_k / N`` per client,
-        ``"clients"`` for ``1 / K``, or ``"rho"`` for rho's value.
+    damping: the site (dual) step gamma_k; a number, ``"size"`` for ``N_k / N``
+        per client, ``"clients"`` for ``1 / K``, or ``"rho"`` for rho's value
+        (alias: ``gamma``, the BayesADMM paper's name).
     alpha: server mix; a number in (0, 1], or ``"admm"`` for ``1 / (1 + rho K)``.
     delta: prior precision override (``p0 = N(0, I/delta)``); None: the model prior.
     tau: temperature of the client losses (``l_k / tau``).
@@ -192,15 +196,16 @@ class NaturalLoop(Algorithm):
     """
 
     client: Any = None
-    family: str = "diag"
+    family: Optional[str] = None
     rho: Union[float, str] = 1.0
-    gamma: Union[float, str] = 1.0
+    damping: Union[float, str] = 1.0
     alpha: Union[float, str] = 1.0
     delta: Optional[float] = None
     tau: float = 1.0
     prediction: str = "average"
     num_predictive_draws: int = 32
     init_strategy: str = "center"
+    gamma: Any = alias_field()
 
     default_rounds = 10
 
@@ -208,6 +213,8 @@ class NaturalLoop(Algorithm):
         self._validate()
 
     def _validate(self):
+        take_alias(self, "damping", "gamma", 1.0)
+        follow_backend(self)
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
         if self.client is not None:
@@ -221,8 +228,8 @@ class NaturalLoop(Algorithm):
                                  "client=None or a Laplace backend (its optimizer settings are used)")
         if self.rho != "clients":
             _check_positive("rho", self.rho)
-        if self.gamma not in ("size", "clients", "rho"):
-            _check_positive("gamma", self.gamma)
+        if self.damping not in ("size", "clients", "rho"):
+            _check_positive("damping", self.damping)
         if self.alpha != "admm":
             if isinstance(self.alpha, str) or not 0.0 < float(self.alpha) <= 1.0:
                 raise ValueError(f"alpha must lie in (0, 1] or be 'admm', got {self.alpha!r}")
@@ -253,13 +260,13 @@ class NaturalLoop(Algorithm):
 
     def _gamma(self, num_clients: int, num_rows, n):
         """The site step of a client of ``n`` rows (``n``: a number or an array of them)."""
-        if self.gamma == "size":
+        if self.damping == "size":
             return n / float(num_rows)
-        if self.gamma == "clients":
+        if self.damping == "clients":
             return 1.0 / num_clients
-        if self.gamma == "rho":
+        if self.damping == "rho":
             return self._rho(num_clients)
-        return float(self.gamma)
+        return float(self.damping)
 
     def gamma_value(self, ctx: Context, n):
         dt = jnp.result_type(float)
@@ -334,7 +341,7 @@ class NaturalLoop(Algorithm):
         return new_site, (delta, mode), diag
 
     def server_update(self, ctx: Context, server_state: NaturalServer, messages, weights, mask):
-        """``weights`` are the clients' sizes ``N_k`` (used only by ``gamma="size"``)."""
+        """``weights`` are the clients' sizes ``N_k`` (used only by ``damping="size"``)."""
         delta, mode = messages
         g = self.gamma_value(ctx, weights)
         per_client = lambda x: jnp.reshape(g, jnp.shape(g) + (1,) * (x.ndim - jnp.ndim(g))) * x
@@ -363,10 +370,10 @@ class NaturalLoop(Algorithm):
     # -- differential privacy (fedprob.privacy) ----------------------------------------------
     def update_part(self, ctx: Context, message):
         """The natural-parameter delta ``lambda_k - lambda_g`` (linear and precision parts): every
-        server term is a function of it (module docstring). ``None`` for ``gamma="size"``, whose
+        server term is a function of it (module docstring). ``None`` for ``damping="size"``, whose
         dual step ``N_k / N`` needs the client's private size at the server (differential privacy
         refuses that configuration; the norm bound then covers every leaf of the message)."""
-        if self.gamma == "size":
+        if self.damping == "size":
             return None
         return message[0]
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..protocols import finite_flag
 from .base import Context
+from .aliases import follow_backend
 from .natural import Configured, NaturalLoop
 
 
@@ -49,14 +50,16 @@ class PVI(Configured):
     non-conjugate model, e.g. 0.47 accuracy and NLL 14 after 20 rounds on the
     digits demo against 0.93 / 0.38 at 1/K; ``damping=1.0`` is exact in one
     round on conjugate models with exact client solves); family:
-    "diag", "full" or "isotropic" (precision fixed at the prior's);
+    "diag", "full" or "isotropic" (precision fixed at the prior's; None, the
+    default: the client backend's own family, so ``Laplace(hessian="full")``
+    clients give "full", and "diag" without a client);
     delta: prior precision override (None: the model's prior);
     prediction: "average" (over draws of q_g) or "mean".
     """
 
     client: Any = None
     damping: Union[float, str] = "clients"
-    family: str = "diag"
+    family: Optional[str] = None
     delta: Optional[float] = None
     prediction: str = "average"
     num_predictive_draws: int = 32
@@ -64,10 +67,11 @@ class PVI(Configured):
     def __post_init__(self):
         if not isinstance(self.damping, str) and not 0.0 < float(self.damping) <= 1.0:
             raise ValueError(f"damping must lie in (0, 1], got {self.damping!r}")
+        follow_backend(self)
         self.loop()
 
     def loop(self) -> NaturalLoop:
-        return NaturalLoop(client=self.client, family=self.family, rho=1.0, gamma=self.damping, alpha=1.0,
+        return NaturalLoop(client=self.client, family=self.family, rho=1.0, damping=self.damping, alpha=1.0,
                            delta=self.delta, prediction=self.prediction,
                            num_predictive_draws=self.num_predictive_draws)
 

@@ -7,7 +7,7 @@ single round over all clients ``fp.run`` therefore compiles the client
 phase once per (backend, prior share, shared start, potential, client sizes,
 data shapes, client chunk), runs it as its own call (with progress reports
 from inside the chains, :mod:`fedprob.progress`), and hands the results to
-the local engine's round of :class:`~fedprob.algorithms.one_round.FromClientPhase`
+the local engine's round of :class:`~fedprob.algorithms.client_runs.FromClientPhase`
 (message, masks, server update: cheap to compile). Keys are those of
 ``client_update``, so the answer is the one of the fused round.
 """
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from .. import progress as prog
-from ..algorithms.one_round import FromClientPhase, PhaseData, client_phase_key, run_client_phase
+from ..algorithms.client_runs import FromClientPhase, PhaseData, client_phase_key, run_client_phase
 from . import local
 
 #: compilations of client phases (cache misses).

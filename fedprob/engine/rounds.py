@@ -24,7 +24,7 @@ class Rounds:
     """A compiled round: ``step(server, clients, key) -> (server, clients, RoundInfo)``.
 
     algorithm / data: what the round runs (a one-round method after its client
-    phase runs the cheap :class:`~fedprob.algorithms.one_round.FromClientPhase`
+    phase runs the cheap :class:`~fedprob.algorithms.client_runs.FromClientPhase`
     on the phase's results). clients: the initial client states, placed where
     the round wants them. compile_time: seconds (round and client phase).
     info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``, the

@@ -1,0 +1,274 @@
+"""The server side every one-round method shares: slot-keeping and summing bases.
+
+:class:`OneRoundAlgorithm` keeps one slot per client (:class:`OneRoundState`) and combines in
+``posterior()``; :class:`SummingOneRoundAlgorithm` keeps masked sums of sufficient statistics
+(:class:`SumState`), so server memory does not grow with K. The rules (prior share, repeated
+participation, client ids from client states) are in :mod:`fedprob.algorithms.one_round`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..inference import NUTS
+from ..posteriors import Gaussian, Samples
+from ..protocols import ClientBackend, ClientResult, run_chains
+from ..potential import make_target
+from ..validation import check_choice, check_int  # noqa: F401  (re-exported to the methods)
+from .base import Algorithm, Context, masked_sum
+
+Array = jax.Array
+
+
+class OneRoundState(NamedTuple):
+    """Server state of a slot-keeping one-round method.
+
+    messages: the clients' messages stacked over a leading axis of length K
+    (zeros in slots never filled); valid: (K,) True where a message was
+    received from a client that was not masked out; sizes: (K,) N_k of the
+    filled slots; key: the key of the server's own randomness (draws made in
+    ``posterior``).
+    """
+
+    messages: Any
+    valid: Array
+    sizes: Array
+    key: Array
+
+
+class SumState(NamedTuple):
+    """Server state of a summing one-round method.
+
+    sums: masked sums over the counted clients of every message entry but
+    ``"ess"`` (shapes independent of K); valid: (K,) True for the clients
+    counted; sizes: (K,) their N_k; ess: (K,) the smallest per-coordinate
+    effective sample size of each counted client's draws (the largest float
+    for an exact Gaussian output); key: the server's key (draws in ``posterior``).
+    """
+
+    sums: Any
+    valid: Array
+    sizes: Array
+    ess: Array
+    key: Array
+
+
+def check_client(client):
+    """``client`` if it is a :class:`~fedprob.protocols.ClientBackend`, else a TypeError."""
+    if not isinstance(client, ClientBackend):
+        raise TypeError(f"client must be a fedprob.inference backend (a fedprob.protocols.ClientBackend), "
+                        f"got {type(client).__name__}")
+    return client
+
+
+@dataclasses.dataclass(frozen=True)
+class OneRoundAlgorithm(Algorithm):
+    """Base of the one-round methods (see the module docstring).
+
+    ``client=None`` uses :meth:`default_client`. ``shared_start=True`` starts
+    every client from the same point (drawn with the server's key): the
+    parameter-space aggregates of neural networks need it, since hidden units
+    of independently started clients do not line up. Subclasses implement
+    :meth:`prior_weight`, :meth:`make_message` and :meth:`posterior`.
+    """
+
+    client: Any = None
+    shared_start: bool = True
+
+    default_rounds = 1
+
+    def __post_init__(self):
+        if self.client is not None:
+            check_client(self.client)
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def default_client(self):
+        """The backend used when ``client`` is None (full-batch NUTS unless a method says otherwise)."""
+        return NUTS()
+
+    @property
+    def backend(self):
+        """The client backend (``client``, or :meth:`default_client`)."""
+        return self.default_client() if self.client is None else check_client(self.client)
+
+    def prior_weight(self, ctx: Context) -> float:
+        """Prior share s of each client's target (1: own posterior; 1/K: sub-posterior)."""
+        return 1.0
+
+    def make_message(self, ctx: Context, result, key):  # pragma: no cover - abstract
+        """The pytree a client sends, from its :class:`ClientResult`."""
+        raise NotImplementedError
+
+    # -- protocol ------------------------------------------------------------------------------
+    def run_client(self, ctx: Context, data, key, start_key=None):
+        """Run the backend on this client's target (prior share from :meth:`prior_weight`).
+
+        The chain starts from ``potential.init(k, backend.init_strategy)`` with
+        ``k = start_key`` (shared by all clients) when ``shared_start`` is set,
+        else a key of this client's own.
+        """
+        k_init, k_run = jax.random.split(key)
+        if self.shared_start and start_key is not None:
+            k_init = start_key
+        backend = self.backend
+        target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx))
+        z0 = ctx.potential.init(k_init, backend.init_strategy)
+        return run_chains(backend, k_run, ctx.potential, target, z0)
+
+    def _client_message(self, ctx: Context, data, key, start_key=None):
+        k_run, k_msg = jax.random.split(key)
+        result = self.run_client(ctx, data, k_run, start_key)
+        return self.make_message(ctx, result, k_msg), result.diagnostics
+
+    def init(self, ctx: Context, key, data):
+        """Empty server state shaped like one client's message (traced, not run) and client ids 0..K-1.
+
+        ``key`` is kept in the server state for the server's own draws in ``posterior``.
+        """
+        one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
+        kspec = jax.ShapeDtypeStruct(jnp.shape(key), jnp.asarray(key).dtype)
+        shapes, _ = jax.eval_shape(lambda d, k: self._client_message(ctx, d, k, k), one, kspec)
+        return self.empty_state(ctx, key, shapes), jnp.arange(ctx.num_clients, dtype=jnp.int32)
+
+    def empty_state(self, ctx: Context, key, shapes) -> OneRoundState:
+        """The server state before any message: K empty slots shaped like ``shapes`` (one message)."""
+        self.check_message(ctx, shapes)
+        K = ctx.num_clients
+        messages = jax.tree_util.tree_map(lambda s: jnp.zeros((K,) + tuple(s.shape), s.dtype), shapes)
+        return OneRoundState(messages, jnp.zeros((K,), bool), jnp.zeros((K,), jnp.result_type(float)), key)
+
+    def check_message(self, ctx: Context, shapes) -> None:
+        """Validate message shapes at ``init`` (before anything is compiled)."""
+
+    def client_update(self, ctx: Context, server_state, client_state, data, key):
+        """Run the backend once; the message is ``(client id, payload)``, the diagnostics the backend's."""
+        start_key = jax.random.fold_in(server_state.key, 1)
+        message, diagnostics = self._client_message(ctx, data, key, start_key)
+        return client_state, (client_state, message), diagnostics
+
+    def server_update(self, ctx: Context, server_state: OneRoundState, messages, weights, mask):
+        """Store each unmasked client's payload and size in its slot; masked clients change nothing."""
+        ids, payload = messages
+        ids = jnp.asarray(ids, jnp.int32)
+
+        def put(slots, new):
+            m = jnp.reshape(mask, mask.shape + (1,) * (new.ndim - 1))
+            return slots.at[ids].set(jnp.where(m, new, slots[ids]))
+
+        stored = jax.tree_util.tree_map(put, server_state.messages, payload)
+        valid = server_state.valid.at[ids].set(server_state.valid[ids] | mask)
+        sizes = server_state.sizes.at[ids].set(
+            jnp.where(mask, weights.astype(server_state.sizes.dtype), server_state.sizes[ids]))
+        return OneRoundState(stored, valid, sizes, server_state.key)
+
+    # -- helpers for posterior() ------------------------------------------------------------------
+    @staticmethod
+    def received(server_state: OneRoundState):
+        """(messages, sizes, ids) of the valid slots only (concrete arrays)."""
+        valid = np.asarray(server_state.valid)
+        ids = np.flatnonzero(valid)
+        if ids.size == 0:
+            raise ValueError("no client message was received (every client was masked out or none took "
+                             "part): there is no posterior to build")
+        msgs = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[ids], server_state.messages)
+        return msgs, jnp.asarray(np.asarray(server_state.sizes)[ids]), ids
+
+    # -- one set of client runs, several aggregates ----------------------------------------------
+    def posterior_from_results(self, ctx: Context, results, key=None, mask=None, sizes=None):
+        """This method's posterior from client results computed elsewhere (no client is re-run).
+
+        results: a :class:`~fedprob.protocols.ClientResult` (or a bare
+        ``Samples``/``Gaussian``, whose mean then stands for the client's
+        final point) stacked over the K clients of ``ctx``, e.g.
+        ``run_clients(...).results``; it must come from the prior share this
+        method asks for (:meth:`prior_weight`; not checked here, see
+        :func:`aggregate`). key: the server key (default ``PRNGKey(0)``);
+        mask: (K,) clients to use (default all); sizes: (K,) N_k (default
+        ``ctx.client_sizes``). Messages are built with :meth:`make_message`,
+        then one ``server_update`` and ``posterior`` run as in ``fp.run``.
+        """
+        K = ctx.num_clients
+        lead = {np.shape(a)[0] for a in jax.tree_util.tree_leaves(results)}
+        if lead != {K}:
+            raise ValueError(f"results must be stacked over the {K} clients (leading axis), got leading "
+                             f"axes {sorted(lead)}")
+        if isinstance(results, (Samples, Gaussian)):          # a bare form: its mean as the point
+            results = ClientResult(results, results.mean(), {})
+        key = jax.random.PRNGKey(0) if key is None else key
+        keys = jax.random.split(jax.random.fold_in(key, 2), K)
+        payload = _messages(self, ctx, results, keys)
+        shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), payload)
+        state = self.empty_state(ctx, key, shapes)
+        mask = jnp.ones((K,), bool) if mask is None else jnp.asarray(mask, bool)
+        sizes = jnp.asarray(ctx.client_sizes if sizes is None else sizes)
+        state = self.server_update(ctx, state, (jnp.arange(K, dtype=jnp.int32), payload), sizes, mask)
+        return self.posterior(ctx, state, None)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _messages(algo, ctx, results, keys):
+    return jax.vmap(lambda r, k: algo.make_message(ctx, r, k))(results, keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class SummingOneRoundAlgorithm(OneRoundAlgorithm):
+    """Base of the one-round methods whose server sums sufficient statistics (module docstring).
+
+    :meth:`make_message` returns a dict of statistics; every entry except
+    ``"ess"`` (the client's smallest effective sample size, a scalar) is
+    summed over the counted clients, ``"ess"`` is kept per client (to name
+    the clients that limit the Monte Carlo accuracy). :meth:`sums_messages`
+    may return False (a method variant that needs the clients' draws); the
+    slot-keeping behaviour of :class:`OneRoundAlgorithm` is then used.
+    """
+
+    def sums_messages(self) -> bool:
+        """True: the server keeps :class:`SumState`; False: one slot per client."""
+        return True
+
+    def empty_state(self, ctx: Context, key, shapes):
+        if not self.sums_messages():
+            return super().empty_state(ctx, key, shapes)
+        self.check_message(ctx, shapes)
+        K = ctx.num_clients
+        fdt = jnp.result_type(float)
+        sums = {k: jnp.zeros(tuple(v.shape), v.dtype) for k, v in shapes.items() if k != "ess"}
+        return SumState(sums, jnp.zeros((K,), bool), jnp.zeros((K,), fdt), jnp.zeros((K,), fdt), key)
+
+    def server_update(self, ctx: Context, server_state, messages, weights, mask):
+        """Add the statistics of each unmasked client not yet counted; others change nothing.
+
+        A client is counted once (its first accepted message): the ids within
+        one call are distinct (the engine samples clients without replacement).
+        """
+        if not self.sums_messages():
+            return super().server_update(ctx, server_state, messages, weights, mask)
+        ids, payload = messages
+        ids = jnp.asarray(ids, jnp.int32)
+        new = jnp.asarray(mask, bool) & ~server_state.valid[ids]
+        stats = {k: v for k, v in payload.items() if k != "ess"}
+        sums = jax.tree_util.tree_map(lambda a, b: a + b, server_state.sums, masked_sum(stats, new))
+        valid = server_state.valid.at[ids].set(server_state.valid[ids] | new)
+        sizes = server_state.sizes.at[ids].set(
+            jnp.where(new, weights.astype(server_state.sizes.dtype), server_state.sizes[ids]))
+        ess = server_state.ess.at[ids].set(
+            jnp.where(new, payload["ess"].astype(server_state.ess.dtype), server_state.ess[ids]))
+        return SumState(sums, valid, sizes, ess, server_state.key)
+
+    @staticmethod
+    def counted(server_state: SumState):
+        """(sums, ids, ess) of the counted clients (concrete arrays)."""
+        ids = np.flatnonzero(np.asarray(server_state.valid))
+        if ids.size == 0:
+            raise ValueError("no client message was received (every client was masked out or none took "
+                             "part): there is no posterior to build")
+        return server_state.sums, ids, np.asarray(server_state.ess)[ids]
+
+
+__all__ = ["OneRoundState", "SumState", "check_client", "OneRoundAlgorithm", "SummingOneRoundAlgorithm",
+           "check_choice", "check_int"]
