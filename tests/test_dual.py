@@ -419,7 +419,8 @@ def test_default_rounds_take_damped_sites_to_99_percent():
 
 def test_papers_names_are_aliases_that_warn():
     """rho (FedLap family), gamma (BayesADMM, NaturalLoop) and covariance still work, warn, and give the
-    canonical object; passing both names is refused; family follows the client backend when not given."""
+    canonical object; passing both names is refused; family follows the client backend when not given, and
+    a diagonal family over a backend that returns a full precision is refused."""
     from fedprob.algorithms import NaturalLoop
     from fedprob.inference import IVON, SVI, VON, Laplace
 
@@ -440,7 +441,16 @@ def test_papers_names_are_aliases_that_warn():
                            (Laplace(hessian="diag_ggn"), "diag"), (SVI(guide="full"), "full"),
                            (SVI(guide="normal"), "diag"), (IVON(), "diag"), (VON(), "full")):
         assert PVI(client=client).family == family and BayesADMM(client=client).family == family, client
-    assert PVI(client=Laplace(hessian="full"), family="diag").family == "diag"     # given: kept
+    for client, family in ((None, "full"), (IVON(), "diag"), (Laplace(hessian="diag_ggn"), "diag"),
+                           (SVI(guide="lowrank"), "full"), (fp.inference.SGHMC(), "full")):
+        assert fp.algorithms.EPMCMC(client=client).family == family, client
+        assert fp.algorithms.ConsensusMC(client=client).family == family, client
+    assert PVI(client=IVON(), family="full").family == "full"         # a diagonal backend in a full family
+    for make in (lambda: PVI(client=Laplace(hessian="full"), family="diag"),   # would drop off-diagonals
+                 lambda: BayesADMM(client=VON(), family="diag"),
+                 lambda: fp.algorithms.EPMCMC(client=SVI(guide="full"), family="diag")):
+        with pytest.raises(ValueError, match="drop the off-diagonal"):
+            make()
 
 
 def test_pvi_default_family_keeps_a_full_laplace_hessian(x64):

@@ -35,7 +35,7 @@ class ADMM(Configured):
         client = Laplace(num_steps=self.num_steps, optimizer=self.optimizer, learning_rate=self.learning_rate,
                          batch_size=self.batch_size)
         rho: Union[float, str] = "clients" if self.rho is None else self.rho
-        return NaturalLoop(client=client, family="isotropic", rho=rho, gamma="rho", alpha="admm",
+        return NaturalLoop(client=client, family="isotropic", rho=rho, damping="rho", alpha="admm",
                            delta=self.delta, prediction="mean")
 
 

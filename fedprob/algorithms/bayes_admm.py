@@ -15,7 +15,7 @@ with ``alpha = 1 / (1 + rho K)``, started at the prior. The client problem
 is solved by the backend given: :class:`~fedprob.inference.IVON` (Alg. 2)
 or a Laplace/Newton solve (the delta approximation at the mode, with the
 diagonal GGN for ``family="diag"`` and the full GGN for ``"full"``,
-exact for quadratic losses, App. C.4), or, for ``covariance="full"``,
+exact for quadratic losses, App. C.4), or, for ``family="full"``,
 :class:`~fedprob.inference.VON` (variational online Newton with a full
 precision, the paper's full-covariance solver). The default is the Laplace solve
 (deterministic, no Monte Carlo noise); ``client=IVON()`` is Alg. 1 as
@@ -66,7 +66,7 @@ import jax.numpy as jnp
 
 from ..inference.ivon import IVONInputs
 from ..inference.laplace import Laplace
-from .aliases import alias_field, follow_backend, take_alias
+from .aliases import alias_field, resolve_family, take_alias
 from .natural import Configured, NaturalLoop
 
 
@@ -115,11 +115,8 @@ class BayesADMM(Configured):
     gamma: Any = alias_field()
 
     def __post_init__(self):
-        take_alias(self, "family", "covariance", None)
         take_alias(self, "damping", "gamma", 0.1)
-        follow_backend(self)
-        if self.family not in ("diag", "full"):
-            raise ValueError(f"family must be 'diag' or 'full', got {self.family!r}")
+        resolve_family(self, "diag")
         self.loop()
 
     def loop(self) -> NaturalLoop:

@@ -37,7 +37,6 @@ Draws must be aligned: every client returns the same number S.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,37 +44,23 @@ import jax.numpy as jnp
 from .. import gaussian as gauss
 from ..posteriors import GlobalPosterior, Samples
 from ..protocols import num_chains
-from .aliases import alias_field, take_alias
 from .base import Context
-from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, draws_ess, mc_message,
-                        monte_carlo_check, result_draws, result_gaussian)
+from .one_round import draws_ess, mc_message, monte_carlo_check, result_draws, result_gaussian
+from .one_round_base import GaussianProductAlgorithm
 
 
 @dataclasses.dataclass(frozen=True)
-class ConsensusMC(SummingOneRoundAlgorithm):
+class ConsensusMC(GaussianProductAlgorithm):
     """Consensus Monte Carlo over client sub-posteriors (see the module docstring).
 
-    client: the backend (default NUTS); family: ``"full"`` or ``"diag"`` (alias ``covariance``)
-    weights; num_samples: draws taken from a Gaussian client output;
-    jitter: added to each sample covariance, relative to its mean variance;
-    num_prior_samples: prior draws for moment matching a non-Gaussian prior
-    when a masked client's prior share is put back.
+    client: the backend (default NUTS); family: ``"full"`` or ``"diag"``
+    weights (alias ``covariance``; None, the default: the backend's own,
+    ``"full"`` for samplers); num_samples: draws taken from a Gaussian client
+    output; jitter: added to each sample covariance, relative to its mean
+    variance; num_prior_samples: prior draws for moment matching a
+    non-Gaussian prior when a masked client's prior share is put back
+    (:class:`~fedprob.algorithms.one_round_base.GaussianProductAlgorithm`).
     """
-
-    family: str = "full"
-    num_samples: int = 1000
-    jitter: float = 1e-6
-    num_prior_samples: int = 2000
-    covariance: Any = alias_field()
-
-    def __post_init__(self):
-        super().__post_init__()
-        take_alias(self, "family", "covariance", "full")
-        check_choice("family", self.family, ("full", "diag"))
-        check_int("num_samples", self.num_samples, 2)
-        check_int("num_prior_samples", self.num_prior_samples, 2)
-        if not self.jitter >= 0:
-            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
 
     def prior_weight(self, ctx: Context) -> float:
         return 1.0 / ctx.num_clients

@@ -64,27 +64,27 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from .. import gaussian as gauss
 from ..posteriors import Gaussian, GlobalPosterior, Samples
-from .aliases import alias_field, take_alias
 from .base import Context
-from .one_round import (SummingOneRoundAlgorithm, check_choice, check_int, client_gaussian_message,
-                        monte_carlo_check, result_draws)
+from .one_round import check_choice, check_int, client_gaussian_message, monte_carlo_check, result_draws
+from .one_round_base import GaussianProductAlgorithm
 
 METHODS = ("parametric", "nonparametric", "semiparametric")
 
 
 @dataclasses.dataclass(frozen=True)
-class EPMCMC(SummingOneRoundAlgorithm):
+class EPMCMC(GaussianProductAlgorithm):
     """Embarrassingly parallel MCMC (see the module docstring).
 
-    client: the backend (default NUTS); family: ``"full"`` or ``"diag"`` (alias ``covariance``)
-    Gaussians (diag for large d); method: ``"parametric"``,
+    client: the backend (default NUTS); family: ``"full"`` or ``"diag"``
+    Gaussians (diag for large d; alias ``covariance``; None, the default: the
+    backend's own, ``"full"`` for samplers); method: ``"parametric"``,
     ``"nonparametric"`` or ``"semiparametric"``; num_samples: draws of the
     (non/semi)parametric server sampler, and draws taken from a Gaussian
     client output where draws are needed; subposteriors: clients use the prior
@@ -93,33 +93,23 @@ class EPMCMC(SummingOneRoundAlgorithm):
     Metropolis passes over the clients' mixture indices per server draw (1 in
     the paper; more mix better); jitter: added to sample covariances, relative
     to their mean variance; num_prior_samples: prior draws for moment matching
-    a non-Gaussian prior.
+    a non-Gaussian prior
+    (:class:`~fedprob.algorithms.one_round_base.GaussianProductAlgorithm`).
     """
 
-    family: str = "full"
     method: str = "parametric"
-    num_samples: int = 1000
     subposteriors: Optional[bool] = None
     bandwidth: float = 1.0
     sweeps: int = 5
-    jitter: float = 1e-6
-    num_prior_samples: int = 2000
-    covariance: Any = alias_field()
 
     def __post_init__(self):
         super().__post_init__()
-        take_alias(self, "family", "covariance", "full")
-        check_choice("family", self.family, ("full", "diag"))
         check_choice("method", self.method, METHODS)
-        check_int("num_samples", self.num_samples, 2)
-        check_int("num_prior_samples", self.num_prior_samples, 2)
         check_int("sweeps", self.sweeps)
         if self.subposteriors not in (None, True, False):
             raise ValueError(f"subposteriors must be None, True or False, got {self.subposteriors!r}")
         if not self.bandwidth > 0:
             raise ValueError(f"bandwidth must be positive, got {self.bandwidth}")
-        if not self.jitter >= 0:
-            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
 
     @property
     def uses_subposteriors(self) -> bool:

@@ -20,18 +20,17 @@ import dataclasses
 from typing import Any, Optional
 
 import jax.numpy as jnp
-import optax
 
 from ..inference.optim import make_optimizer
 from ..posteriors import GlobalPosterior, Samples
-from ..potential import INIT_STRATEGIES
-from ..validation import check_choice, check_fraction, check_int, check_positive
+from ..validation import check_int, check_positive
 from .base import Algorithm, Context, weighted_mean
 from .local_training import client_steps, num_local_steps, train_locally
+from .server_opt import ServerOptimizer
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAvg(Algorithm):
+class FedAvg(Algorithm, ServerOptimizer):
     """Federated averaging.
 
     local_steps / local_epochs: local work per round (steps win if both given);
@@ -51,10 +50,6 @@ class FedAvg(Algorithm):
     batch_size: Optional[int] = 32
     client_optimizer: Any = "sgd"
     learning_rate: float = 0.1
-    server_optimizer: Any = "sgd"
-    server_learning_rate: float = 1.0
-    server_momentum: Optional[float] = None
-    init_strategy: str = "center"
 
     default_rounds = 10
 
@@ -66,10 +61,7 @@ class FedAvg(Algorithm):
         if self.batch_size is not None:
             check_int("batch_size", self.batch_size)
         check_positive("learning_rate", self.learning_rate, allow_none=True)   # None: the optimizer's own (L-BFGS line search)
-        check_positive("server_learning_rate", self.server_learning_rate)
-        if self.server_momentum is not None:
-            check_fraction("server_momentum", self.server_momentum, high_open=True)
-        check_choice("init_strategy", self.init_strategy, INIT_STRATEGIES)
+        self.check_server_options()
 
     # FedProx overrides this
     def _mu(self) -> float:
@@ -78,13 +70,8 @@ class FedAvg(Algorithm):
     def _client_opt(self):
         return make_optimizer(self.client_optimizer or "sgd", self.learning_rate, self.batch_size)
 
-    def _server_opt(self):
-        return make_optimizer(self.server_optimizer or "sgd", self.server_learning_rate, momentum=self.server_momentum,
-                              eps=1e-3)
-
     def init(self, ctx: Context, key, data):
-        w = ctx.potential.init(key, self.init_strategy)
-        return (w, self._server_opt().init(w)), ()
+        return self.server_start(ctx.potential, key), ()
 
     def local_step_count(self, ctx: Context, data):
         """The client's optimiser steps: ``local_steps``, or ``ceil(local_epochs * n_k / batch_size)``."""
@@ -104,9 +91,7 @@ class FedAvg(Algorithm):
 
     def server_update(self, ctx: Context, server_state, messages, weights, mask):
         w, opt_state = server_state
-        delta = weighted_mean(messages, weights, mask)
-        upd, opt_state = self._server_opt().update(delta, opt_state, w)
-        return optax.apply_updates(w, upd), opt_state
+        return self.server_step(w, opt_state, weighted_mean(messages, weights, mask))
 
     def update_part(self, ctx: Context, message):
         """The whole message: the delta ``w_g - w_k``."""

@@ -57,21 +57,18 @@ shares); before any sampling round it is ``N`` in every coordinate.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Union
 
-import jax
 import jax.numpy as jnp
-import optax
 
 from ..inference.iasg import IASG
-from ..inference.optim import make_optimizer
 from ..posteriors import GlobalPosterior
-from ..potential import INIT_STRATEGIES, make_target
+from ..potential import make_target
 from ..protocols import DRAW_STATS, ClientBackend
-from ..validation import check_choice, check_fraction, check_positive
 from .. import gaussian
 from .base import Algorithm, Context, weighted_mean
 from . import fedpa_delta as dp
+from .server_opt import ServerOptimizer
 
 
 class FedPAState(NamedTuple):
@@ -95,7 +92,7 @@ def check_client(client) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class FedPA(Algorithm):
+class FedPA(Algorithm, ServerOptimizer):
     """Federated posterior averaging (module docstring for the math and scale).
 
     client: any sampling backend returning draws (IASG, SGLD, SGHMC,
@@ -117,10 +114,6 @@ class FedPA(Algorithm):
     burn_in_rounds: int = 2
     covariance_scale: Union[str, float] = "n"
     normalize: bool = True
-    server_optimizer: Any = "sgd"
-    server_learning_rate: float = 1.0
-    server_momentum: Optional[float] = None
-    init_strategy: str = "center"
 
     default_rounds = 10
 
@@ -137,10 +130,7 @@ class FedPA(Algorithm):
             raise ValueError(f"covariance_scale must be 'n' or a positive number, got {self.covariance_scale!r}")
         if int(self.burn_in_rounds) < 0:
             raise ValueError(f"burn_in_rounds must be >= 0, got {self.burn_in_rounds}")
-        check_positive("server_learning_rate", self.server_learning_rate)
-        if self.server_momentum is not None:
-            check_fraction("server_momentum", self.server_momentum, high_open=True)
-        check_choice("init_strategy", self.init_strategy, INIT_STRATEGIES)
+        self.check_server_options()
         if self.client is not None:
             check_client(self.client)
         if self.client is not None and getattr(self.client, "output", "samples") != "samples":
@@ -151,14 +141,10 @@ class FedPA(Algorithm):
     def backend(self):
         return default_client() if self.client is None else self.client
 
-    def _server_opt(self):
-        return make_optimizer(self.server_optimizer or "sgd", self.server_learning_rate,
-                              momentum=self.server_momentum, eps=1e-3)
-
     def init(self, ctx: Context, key, data):
-        w = ctx.potential.init(key, self.init_strategy)
+        w, opt_state = self.server_start(ctx.potential, key)
         prec = jnp.full_like(w, float(ctx.num_rows))
-        return FedPAState(w, self._server_opt().init(w), jnp.zeros((), jnp.int32), prec), ()
+        return FedPAState(w, opt_state, jnp.zeros((), jnp.int32), prec), ()
 
     def _rho(self, draws, scale):
         if isinstance(self.shrinkage, str):
@@ -189,9 +175,8 @@ class FedPA(Algorithm):
 
     def server_update(self, ctx: Context, server_state, messages, weights, mask):
         deltas, precs = messages
-        delta = weighted_mean(deltas, weights, mask)
-        upd, opt_state = self._server_opt().update(delta, server_state.opt_state, server_state.params)
-        params = optax.apply_updates(server_state.params, upd)
+        params, opt_state = self.server_step(server_state.params, server_state.opt_state,
+                                             weighted_mean(deltas, weights, mask))
         prec = float(ctx.num_rows) * weighted_mean(precs, weights, mask)
         return FedPAState(params, opt_state, server_state.round + 1, prec)
 

@@ -72,7 +72,7 @@ from ..inference.optim import minimize
 from ..posteriors import Gaussian, GlobalPosterior
 from ..potential import make_target
 from ..protocols import ClientBackend
-from .aliases import alias_field, follow_backend, take_alias
+from .aliases import alias_field, resolve_family, take_alias
 from .base import Algorithm, Context, masked_sum, stack_init
 
 Array = jax.Array
@@ -214,9 +214,7 @@ class NaturalLoop(Algorithm):
 
     def _validate(self):
         take_alias(self, "damping", "gamma", 1.0)
-        follow_backend(self)
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {FAMILIES}, got {self.family!r}")
+        resolve_family(self, "diag", FAMILIES)
         if self.client is not None:
             if not isinstance(self.client, ClientBackend):
                 raise TypeError(f"client must be a fedprob.inference backend, got {type(self.client).__name__}")

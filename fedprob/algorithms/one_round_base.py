@@ -20,6 +20,7 @@ from ..posteriors import Gaussian, Samples
 from ..protocols import ClientBackend, ClientResult, run_chains
 from ..potential import make_target
 from ..validation import check_choice, check_int  # noqa: F401  (re-exported to the methods)
+from .aliases import alias_field, resolve_family
 from .base import Algorithm, Context, masked_sum
 
 Array = jax.Array
@@ -270,5 +271,34 @@ class SummingOneRoundAlgorithm(OneRoundAlgorithm):
         return server_state.sums, ids, np.asarray(server_state.ess)[ids]
 
 
+@dataclasses.dataclass(frozen=True)
+class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
+    """Base of the one-round methods that weight clients by Gaussian precisions (EPMCMC, ConsensusMC).
+
+    family: ``"full"`` or ``"diag"`` precisions (alias ``covariance``); None,
+    the default: the client backend's own (:func:`~fedprob.algorithms.aliases.resolve_family`:
+    ``"diag"`` for IVON, diagonal Laplace and mean-field SVI, ``"full"`` for
+    samplers and full Gaussian backends; a diagonal family over a full
+    Gaussian backend is refused). num_samples: draws taken from a Gaussian
+    client output; jitter: added to each sample covariance, relative to its
+    mean variance; num_prior_samples: prior draws for moment matching a
+    non-Gaussian prior.
+    """
+
+    family: Optional[str] = None
+    num_samples: int = 1000
+    jitter: float = 1e-6
+    num_prior_samples: int = 2000
+    covariance: Any = alias_field()
+
+    def __post_init__(self):
+        super().__post_init__()
+        resolve_family(self, "full")
+        check_int("num_samples", self.num_samples, 2)
+        check_int("num_prior_samples", self.num_prior_samples, 2)
+        if not self.jitter >= 0:
+            raise ValueError(f"jitter must be >= 0, got {self.jitter}")
+
+
 __all__ = ["OneRoundState", "SumState", "check_client", "OneRoundAlgorithm", "SummingOneRoundAlgorithm",
-           "check_choice", "check_int"]
+           "GaussianProductAlgorithm", "check_choice", "check_int"]

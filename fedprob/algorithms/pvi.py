@@ -35,8 +35,8 @@ import numpy as np
 
 from ..protocols import finite_flag
 from .base import Context
-from .aliases import follow_backend
-from .natural import Configured, NaturalLoop
+from .aliases import resolve_family
+from .natural import FAMILIES, Configured, NaturalLoop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,8 @@ class PVI(Configured):
     round on conjugate models with exact client solves); family:
     "diag", "full" or "isotropic" (precision fixed at the prior's; None, the
     default: the client backend's own family, so ``Laplace(hessian="full")``
-    clients give "full", and "diag" without a client);
+    clients give "full", and "diag" without a client; "diag" over a backend
+    that returns a full precision is refused);
     delta: prior precision override (None: the model's prior);
     prediction: "average" (over draws of q_g) or "mean".
     """
@@ -67,7 +68,7 @@ class PVI(Configured):
     def __post_init__(self):
         if not isinstance(self.damping, str) and not 0.0 < float(self.damping) <= 1.0:
             raise ValueError(f"damping must lie in (0, 1], got {self.damping!r}")
-        follow_backend(self)
+        resolve_family(self, "diag", FAMILIES)
         self.loop()
 
     def loop(self) -> NaturalLoop:
