@@ -42,6 +42,7 @@ def flower_env(flwr_home=None) -> dict:
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")   # Flower's default: 1 s per launch
     if flwr_home is not None:
         env["FLWR_HOME"] = str(flwr_home)
     return env
@@ -89,11 +90,13 @@ def supernode(superlink: str, data_path, root_certificates=None, auth_key=None, 
                             start_new_session=True)
     t = threading.Thread(target=serve, args=(str(data_path), listener), daemon=True)
     t.start()
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the SuperNode with us
     try:
         return proc.wait()
     finally:
         _stop(proc)
         listener.close()
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _stop(proc, timeout: float = 10.0) -> None:
@@ -225,8 +228,9 @@ class LocalFederation:
             time.sleep(0.5)
         raise TimeoutError(f"{len(online)} of {count} SuperNodes online after {timeout or self.timeout:.0f} s")
 
-    def run(self, app_dir, timeout: float = 600.0, run_config=None, echo: bool = False) -> str:
-        """``flwr run APP_DIR fedprob-local --stream``: its output (a RuntimeError with it on failure)."""
+    def run(self, app_dir, timeout: float = 600.0, run_config=None, echo: bool = False, on_line=None) -> str:
+        """``flwr run APP_DIR fedprob-local --stream``: its output (a RuntimeError with it on failure);
+        ``on_line(line)`` sees each line as it comes."""
         args = [_exe("flwr"), "run", str(app_dir), CONNECTION, "--stream"]
         if run_config:
             args += ["--run-config", run_config]
@@ -242,6 +246,8 @@ class LocalFederation:
                 lines.append(line)
                 if echo:
                     print(line, end="", flush=True)
+                if on_line is not None:
+                    on_line(line)
                 if "fedprob:" in line and "run directory:" in line:
                     break
         finally:

@@ -8,10 +8,13 @@ algorithm and model, runs :class:`.strategy.FedprobStrategy` over the
 connected SuperNodes (one client per node), streams one line per round to
 ``flwr run --stream``, evaluates the posterior on the data set's test split
 when it loads on the server (``[flower] evaluate``), and writes the run
-directory ``fedprob run`` writes (``fedprob report`` reads it).
+directory ``fedprob run`` writes (``fedprob report`` reads it), plus
+``deployment.json``: the node ids, set-up and per-round seconds, and the
+shape of every array each reply carried.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from logging import INFO, WARNING
@@ -50,7 +53,11 @@ def run(grid, text: str, out_dir: str):
             log(WARNING, "fedprob: no evaluation (the test data does not load here: %s)", e)
     result = strat.result(test)
     total = time.perf_counter() - t0
-    save_run(out_dir, result, cfg, total, name=type(algo).__name__, overwrite=True)
+    out = save_run(out_dir, result, cfg, total, name=type(algo).__name__, overwrite=True)
+    (out / "deployment.json").write_text(json.dumps({
+        "nodes": [int(n) for n in strat.nodes], "client_sizes": strat.sizes.tolist(), "total_s": total,
+        **strat.timings, "round_s": [h["time"] for h in strat.history],
+        "reply_shapes": [[r, k, [list(s) for s in shapes]] for r, k, shapes in strat.reply_shapes]}, indent=1))
     last = result.history[-1] if result.history else {}
     shown = {k: f"{v:.4g}" for k, v in last.items() if k in ("accuracy", "nll", "rmse")}
     log(INFO, "fedprob: %s done in %.1f s %s; run directory: %s", type(algo).__name__, total, shown, out_dir)

@@ -1,0 +1,212 @@
+"""fedprob on Flower's Deployment Engine: node files, certificates, the app, the strategy, real processes.
+
+The process test starts a SuperLink (TLS, SuperNode authentication) and
+SuperNodes as separate processes on free local ports, each node holding its
+own ``.npz``, and runs PVI and EP-MCMC through ``flwr run``: the local
+engine's answer, an unregistered node refused, no reply with a row dimension.
+"""
+import importlib.util
+import json
+import tomllib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedprob as fp
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("flwr") is None
+                                or importlib.util.find_spec("cryptography") is None,
+                                reason="needs flwr and cryptography (pip install 'fedprob[flower]')")
+
+SIZES = (40, 55, 55)          # no parameter dimension equals a row count
+MODEL = {"name": "linear_regression", "noise_scale": 0.5, "bias": False}
+
+
+def _fed():
+    rng = np.random.default_rng(0)
+    n = sum(SIZES)
+    X = rng.normal(size=(n, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=n)).astype(np.float32)
+    cuts = np.cumsum((0,) + SIZES)
+    return fp.data.FederatedData.from_clients([(X[a:b], y[a:b]) for a, b in zip(cuts[:-1], cuts[1:])])
+
+
+def _files(tmp, fed):
+    from fedprob.flower import nodedata
+
+    return [nodedata.write(tmp / f"client_{k}.npz", *fed.client(k), client=k) for k in range(fed.num_clients)]
+
+
+def _model():
+    return fp.models.linear_regression(noise_scale=0.5, bias=False)
+
+
+# ---- node files -------------------------------------------------------------------------------------
+def test_node_file_checks_and_padding(tmp_path):
+    from fedprob.flower import nodedata
+
+    fed = _fed()
+    path = _files(tmp_path, fed)[0]
+    rows = nodedata.load(path)
+    assert rows["client"] == 0 and rows["X"].shape == (40, 3)
+    X, y = nodedata.padded(rows, 55)
+    np.testing.assert_array_equal(X, fed.X[0])
+    np.testing.assert_array_equal(y, fed.y[0])
+    nodedata.check_against(rows, _model())
+    np.savez(tmp_path / "no_y.npz", X=rows["X"])
+    with pytest.raises(ValueError, match="no y"):
+        nodedata.load(tmp_path / "no_y.npz")
+    np.savez(tmp_path / "rows.npz", X=rows["X"], y=rows["y"][:5])
+    with pytest.raises(ValueError, match="same number of rows"):
+        nodedata.load(tmp_path / "rows.npz")
+    bad = rows["X"].copy()
+    bad[3, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", X=bad, y=rows["y"])
+    with pytest.raises(ValueError, match="non-finite"):
+        nodedata.load(tmp_path / "nan.npz")
+    np.savez(tmp_path / "labels.npz", X=rows["X"], y=np.full(40, 7))
+    with pytest.raises(ValueError, match=r"labels must be in \[0, 3\)"):
+        nodedata.check_against(nodedata.load(tmp_path / "labels.npz"), fp.models.softmax_regression(3), None, 3)
+    np.savez(tmp_path / "wide.npz", X=rows["X"], y=np.zeros((40, 2), np.float32))
+    with pytest.raises(ValueError, match="does not fit the model"):
+        nodedata.check_against(nodedata.load(tmp_path / "wide.npz"), _model())
+
+
+def test_certificates_chain_and_node_keys(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key, load_ssh_public_key
+
+    from fedprob.flower.certs import make_certs
+
+    p = make_certs(tmp_path / "c", hosts=["superlink.example.org", "10.1.2.3"], nodes=2)
+    ca = x509.load_pem_x509_certificate(p["ca"].read_bytes())
+    srv = x509.load_pem_x509_certificate(p["server_cert"].read_bytes())
+    ca.public_key().verify(srv.signature, srv.tbs_certificate_bytes, ec.ECDSA(srv.signature_hash_algorithm))
+    san = srv.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "superlink.example.org" in san.get_values_for_type(x509.DNSName)
+    assert "10.1.2.3" in [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+    key = load_ssh_private_key(p["node_keys"][1].read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert load_ssh_public_key(p["node_pubs"][1].read_bytes()).public_numbers() == key.public_key().public_numbers()
+    assert oct(p["node_keys"][0].stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(FileExistsError):
+        make_certs(tmp_path / "c")
+
+
+def test_app_directory_carries_the_configuration(tmp_path):
+    from fedprob.flower import spec
+    from fedprob.flower.appdir import write_app
+
+    cfg = {"data": {"name": "digits"}, "partition": {"num_clients": 4}, "model": {"name": "softmax_regression"},
+           "algorithm": {"name": "FedAvg"}, "engine": {"name": "local"}}
+    app = write_app(cfg, tmp_path / "app", tmp_path / "run")
+    pp = tomllib.loads((app / "pyproject.toml").read_text())
+    assert pp["tool"]["flwr"]["app"]["components"] == {"serverapp": "fedprob.flower.serverapp:app",
+                                                        "clientapp": "fedprob.flower.clientapp:app"}
+    conf = pp["tool"]["flwr"]["app"]["config"]
+    inner = spec.parse(conf["fedprob-config"])
+    assert inner["model"] == {"name": "softmax_regression", "num_classes": 10}   # filled in from the data set
+    assert "engine" not in inner and conf["out-dir"] == str((tmp_path / "run").resolve())
+    with pytest.raises(FileExistsError):
+        write_app(cfg, tmp_path / "app", tmp_path / "run")
+    with pytest.raises(ValueError, match="unknown key 'rounds' in \\[flower\\]"):
+        spec.parse('[model]\nname = "linear_regression"\n[algorithm]\nname = "PVI"\n[flower]\nrounds = 3\n')
+
+
+# ---- the strategy, in this process ----------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Flower's messages read the run and node ids of the process (set by Flower's own processes)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+class InProcessGrid:
+    """A Flower Grid whose nodes are :class:`fedprob.flower.node.NodeCompute` objects in this process;
+    ``drop(round, client)`` / ``corrupt(round, client)`` decide which replies go missing or malformed."""
+
+    def __init__(self, paths, drop=lambda r, k: False, corrupt=lambda r, k: False):
+        from fedprob.flower.node import NodeCompute
+
+        self.nodes = {1000 + 7 * i: NodeCompute(str(p)) for i, p in enumerate(paths)}
+        self.drop, self.corrupt = drop, corrupt
+        self.sent = []
+
+    def get_node_ids(self):
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Message
+
+        from fedprob.flower.clientapp import reply_content, request_of
+
+        out = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id
+            req = request_of(m)
+            self.sent.append(req)
+            k, r = req["meta"].get("client"), req["meta"].get("round")
+            if req["type"] == "train" and self.drop(r, k):
+                continue
+            reply = self.nodes[m.metadata.dst_node_id].handle(req)
+            if req["type"] == "train" and self.corrupt(r, k):
+                reply["arrays"]["reply"][1] = np.full_like(reply["arrays"]["reply"][1], np.nan)
+                reply["arrays"]["reply"][0] = reply["arrays"]["reply"][0][:1]
+            out.append(Message(reply_content(reply), reply_to=m))
+        return out
+
+
+def _strategy(**kw):
+    from fedprob.flower.strategy import strategy
+
+    return strategy("PVI", "linear_regression", {"noise_scale": 0.5, "bias": False}, num_nodes=3, rounds=3,
+                    node_wait_s=5, **kw)
+
+
+def test_strategy_reproduces_the_local_engine_in_process(tmp_path):
+    fed = _fed()
+    grid = InProcessGrid(_files(tmp_path, fed)[::-1])
+    s = _strategy()
+    s.start(grid)
+    local = fp.run(fp.algorithms.PVI(), _model(), fed, rounds=3, seed=0, progress=False)
+    np.testing.assert_allclose(np.asarray(s.posterior().mean["w"]), np.asarray(local.posterior.mean["w"]),
+                               rtol=1e-5, atol=1e-6)
+    assert [h["participants"] for h in s.history] == [[0, 1, 2]] * 3
+    # the rows never travel: no array of any message has a row dimension
+    for req in grid.sent:
+        for leaves in req["arrays"].values():
+            assert all(n not in np.shape(a) for a in leaves for n in (40, 55))
+    for _, _, shapes in s.reply_shapes:
+        assert all(n not in sh for sh in shapes for n in (40, 55))
+
+
+def test_missing_and_malformed_replies_follow_the_policy(tmp_path):
+    paths = _files(tmp_path, _fed())
+    s = _strategy(on_missing="drop")
+    s.start(InProcessGrid(paths, drop=lambda r, k: r == 1 and k == 2, corrupt=lambda r, k: r == 2 and k == 0))
+    h = s.history
+    assert h[1]["missing"] == [2] and h[1]["excluded"] == [2]
+    assert h[2]["quarantined"] == [0] and 0 in h[2]["excluded"] and "missing" not in h[2]
+    assert h[0].get("excluded", []) == [] and np.all(np.isfinite(np.asarray(s.posterior().mean["w"])))
+    # a node that comes back catches up: client 2 is in again in round 3 (it was sent its kept state)
+    assert 2 not in h[2]["excluded"]
+    with pytest.raises(RuntimeError, match=r"round 2: Flower node 1014 sent no reply .* for client 2"):
+        _strategy(on_missing="error").start(InProcessGrid(paths, drop=lambda r, k: r == 1 and k == 2))
+
+
+def test_a_row_reading_init_is_refused(tmp_path):
+    from fedprob.flower.strategy import strategy
+
+    s = strategy("FedLapFunc", "linear_regression", {"noise_scale": 0.5, "bias": False}, num_nodes=3,
+                 node_wait_s=5) if hasattr(fp.algorithms, "FedLapFunc") else None
+    if s is None:
+        pytest.skip("no algorithm whose init reads rows")
+    with pytest.raises(ValueError, match="init reads the clients' rows"):
+        s.start(InProcessGrid(_files(tmp_path, _fed())))
