@@ -210,3 +210,98 @@ def test_a_row_reading_init_is_refused(tmp_path):
         pytest.skip("no algorithm whose init reads rows")
     with pytest.raises(ValueError, match="init reads the clients' rows"):
         s.start(InProcessGrid(_files(tmp_path, _fed())))
+
+
+# ---- real processes: a SuperLink and SuperNodes on local ports -----------------------------------------
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """A SuperLink (TLS, SuperNode authentication) and four SuperNode processes: three registered,
+    each with its client's file, and one whose key was never registered."""
+    import shutil
+
+    from fedprob.flower.local import LocalFederation
+
+    tmp = tmp_path_factory.mktemp("deployment")
+    fed = _fed()
+    paths = _files(tmp / "data", fed)
+    stranger = tmp / "data" / "stranger.npz"
+    shutil.copy(paths[0], stranger)
+    f = LocalFederation(tmp / "fed", paths + [stranger], register=[True, True, True, False], timeout=120)
+    try:
+        f.start()
+        yield f, fed, tmp
+    finally:
+        f.close()
+
+
+def _run_app(f, tmp, name, algorithm: dict, client=None, flower=None, on_line=None):
+    from fedprob.flower.appdir import write_app
+
+    cfg = {"model": dict(MODEL), "algorithm": algorithm, "run": {"seed": 0},
+           "flower": {"num_nodes": 3, "evaluate": False, **(flower or {})}}
+    if client:
+        cfg["client"] = client
+    if "rounds" in algorithm:
+        cfg["run"]["rounds"] = cfg["algorithm"].pop("rounds")
+    app = write_app(cfg, tmp / f"app_{name}", tmp / f"run_{name}")
+    out = f.run(app, timeout=400, on_line=on_line)
+    run = tmp / f"run_{name}"
+    post = np.load(run / "posterior.npz")
+    return out, run, post, json.loads((run / "deployment.json").read_text()), \
+        json.loads((run / "history.json").read_text())
+
+
+def _no_row_dimension(dep):
+    assert dep["reply_shapes"], "no replies recorded"
+    for _, _, shapes in dep["reply_shapes"]:
+        assert all(n not in sh for sh in shapes for n in SIZES), shapes
+
+
+def test_deployment_engine_with_tls_and_node_authentication(federation):
+    f, fed, tmp = federation
+    # the unregistered node is refused by the SuperLink, the registered ones are online
+    online = f.wait_online(3, timeout=120)
+    assert sorted(online) == sorted(f.node_ids.values())
+    stranger = f.procs["node_3"]
+    stranger.wait(timeout=120)
+    assert stranger.returncode != 0
+    assert "Failed to activate SuperNode" in f.log("node_3")
+    # PVI, 4 rounds, through `flwr run`: the local engine's answer
+    out, run, post, dep, hist = _run_app(f, tmp, "pvi", {"name": "PVI", "rounds": 4})
+    assert "fedprob: round 4/4 done" in out            # progress streams to the flwr run terminal
+    local = fp.run(fp.algorithms.PVI(), _model(), fed, rounds=4, seed=0, progress=False)
+    np.testing.assert_allclose(post["mean/w"], np.asarray(local.posterior.mean["w"]), rtol=1e-4, atol=1e-5)
+    assert [h["round"] for h in hist] == [1, 2, 3, 4] and sorted(dep["client_sizes"]) == sorted(SIZES)
+    assert sorted(dep["nodes"]) == sorted(f.node_ids.values())
+    _no_row_dimension(dep)
+    from fedprob.rundir import load_runs
+
+    assert load_runs(run)[0]["name"] == "PVI"           # `fedprob report` reads it
+    # EP-MCMC with Laplace clients: the local engine's answer, and the exact conjugate posterior
+    out, run, post, dep, hist = _run_app(f, tmp, "epmcmc", {"name": "EPMCMC"}, client={"name": "Laplace"})
+    local = fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), _model(), fed, progress=False)
+    np.testing.assert_allclose(post["mean/w"], np.asarray(local.posterior.mean["w"]), rtol=1e-4, atol=1e-5)
+    X, y = fed.pooled()
+    P = np.eye(3) + X.T.astype(float) @ X / 0.25
+    np.testing.assert_allclose(post["mean/w"], np.linalg.solve(P, X.T.astype(float) @ y / 0.25), rtol=1e-3,
+                               atol=1e-4)
+    _no_row_dimension(dep)
+
+
+@pytest.mark.slow   # waits out a round timeout and a node restart: about two minutes on 2 cores
+def test_a_stopped_supernode_is_left_out_and_catches_up(federation):
+    f, fed, tmp = federation
+    f.wait_online(3, timeout=120)
+
+    def on_line(line):
+        if "fedprob: round 2/4 done" in line:
+            f.stop_node(2)
+        elif "fedprob: round 3/4 done" in line:
+            f.start_node(2)
+
+    out, run, post, dep, hist = _run_app(f, tmp, "stopped", {"name": "PVI", "rounds": 4},
+                                         flower={"on_missing": "drop", "round_timeout_s": 60.0},
+                                         on_line=on_line)
+    assert "missing" not in hist[1] and hist[2]["missing"] == [2] and 2 in hist[2]["excluded"]
+    assert 2 not in hist[3].get("excluded", [])        # back, sent its kept state: it caught up
+    assert np.all(np.isfinite(post["mean/w"]))
