@@ -123,13 +123,16 @@ class LocalFederation:
     ``with LocalFederation(dir, data_paths) as fed: fed.run(app_dir)``. ``dir`` holds the
     certificates (``certs/``), Flower's home (``flwr-home/``) and one log per process
     (``logs/``). ``register=False`` for a node index leaves it unregistered (it is refused).
+    ``worker=False`` starts Flower's plain SuperNodes (``data-path`` only: the ClientApp then
+    computes in Flower's per-message process, importing JAX and compiling every round).
     """
 
-    def __init__(self, workdir, data_paths, register=None, timeout: float = 60.0):
+    def __init__(self, workdir, data_paths, register=None, timeout: float = 60.0, worker: bool = True):
         self.dir = Path(workdir)
         self.data_paths = [Path(p).resolve() for p in data_paths]
         self.register = [True] * len(self.data_paths) if register is None else list(register)
         self.timeout = timeout
+        self.worker = worker
         self.procs: dict = {}
         self.node_ids: dict = {}
         self.logs = self.dir / "logs"
@@ -204,6 +207,9 @@ class LocalFederation:
         old = self.procs.get(name)
         if old is not None and old.poll() is None:
             return old
+        if not self.worker:
+            return self._spawn(name, supernode_command(
+                self.address, f"data-path='{self.data_paths[i]}'", self.certs["ca"], self.certs["node_keys"][i]))
         cmd = [sys.executable, "-m", "fedprob.cli", "flower", "supernode", "--superlink", self.address,
                "--data", str(self.data_paths[i]), "--root-certificates", str(self.certs["ca"]),
                "--auth-key", str(self.certs["node_keys"][i])]

@@ -23,7 +23,7 @@ import tomllib
 
 from .. import config as C
 
-FLOWER_KEYS = ("num_nodes", "node_wait_s", "round_timeout_s", "on_missing", "evaluate")
+FLOWER_KEYS = C.FLOWER_KEYS
 CLASSIFIERS = ("softmax_regression", "bnn_mlp", "cnn")
 
 
@@ -40,7 +40,7 @@ def parse(text: str) -> dict:
     C._check_keys("flower", fl, FLOWER_KEYS)
     if fl.get("on_missing", "error") not in ("error", "drop"):
         raise ValueError(f"[flower] on_missing is 'error' or 'drop', got {fl['on_missing']!r}")
-    C.validate({k: v for k, v in cfg.items() if k != "flower"})
+    C.validate(cfg)
     return cfg
 
 

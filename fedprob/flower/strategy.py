@@ -36,12 +36,17 @@ others and the client keeps its state (listed under ``missing``), as a
 dropped-out client in the local engine; the server sends a client's
 current state every round, so a node that comes back catches up.
 
-Flower's differential-privacy wrappers (``DifferentialPrivacy*FixedClipping``)
-do not compose: they clip ``reply.arrays`` against the global arrays
-(``compute_clip_model_update`` on equal-shaped lists), and a fedprob reply
-is an algorithm message plus client state, not the global state's shape. Use
-``fedprob.privacy.GaussianDP`` (``privacy=``), which clips the algorithm's
-own update part.
+Flower's differential-privacy wrappers (``DifferentialPrivacy*FixedClipping``,
+flwr 1.41) do not compose: ``aggregate_train`` clips every reply
+``ArrayRecord`` against the global arrays
+(``flwr/serverapp/strategy/dp_fixed_clipping.py``, lines 364-372, calling
+``compute_clip_model_update``, which zips the two lists with ``strict=True``:
+``flwr/supercore/differential_privacy.py``, line 77) and then adds noise to
+the aggregated global arrays (line 398); a fedprob reply is an algorithm
+message plus client state, not shaped like the server state, and noise on the
+server state (a posterior's natural parameters) is not the algorithm's
+mechanism. Use ``fedprob.privacy.GaussianDP`` (``privacy=``), which clips
+and noises the algorithm's own update part.
 """
 from __future__ import annotations
 
