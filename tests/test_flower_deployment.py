@@ -223,6 +223,25 @@ def test_missing_and_malformed_replies_follow_the_policy(tmp_path):
         _strategy(on_missing="error").start(InProcessGrid(paths, drop=lambda r, k: r == 1 and k == 2))
 
 
+def test_flowers_dp_wrapper_does_not_compose_and_its_replies_are_quarantined(tmp_path):
+    """Flower's server-side DP wrapper rewrites each reply as global arrays + a clipped difference
+    with unrelated arrays: fedprob's checks quarantine every such reply (documented: use GaussianDP)."""
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
+
+    from fedprob.flower.strategy import _record
+
+    grid = InProcessGrid(_files(tmp_path, _fed()))
+    s = _strategy()
+    s.setup(grid)
+    before = np.asarray(s.posterior().mean["w"])
+    w = DifferentialPrivacyServerSideFixedClipping(s, noise_multiplier=0.1, clipping_norm=1.0,
+                                                   num_sampled_clients=3)
+    replies = grid.send_and_receive(list(w.configure_train(1, _record(s.server), None, grid)))
+    w.aggregate_train(1, replies)
+    assert s.history[-1]["quarantined"] == [0, 1, 2] and not s.history[-1]["server_update_ok"]
+    np.testing.assert_array_equal(np.asarray(s.posterior().mean["w"]), before)
+
+
 def test_a_row_reading_init_is_refused(tmp_path):
     from fedprob.flower.strategy import strategy
 

@@ -45,8 +45,13 @@ flwr 1.41) do not compose: ``aggregate_train`` clips every reply
 the aggregated global arrays (line 398); a fedprob reply is an algorithm
 message plus client state, not shaped like the server state, and noise on the
 server state (a posterior's natural parameters) is not the algorithm's
-mechanism. Use ``fedprob.privacy.GaussianDP`` (``privacy=``), which clips
-and noises the algorithm's own update part.
+mechanism. Wrapped around this strategy, the server-side wrapper rewrites
+each reply as the global arrays plus a clipped difference of unrelated
+arrays (or raises, when their counts differ); :meth:`FedprobStrategy.aggregate_train`
+finds the shapes wrong and quarantines every such reply (tested), so nothing
+is aggregated. Use
+``fedprob.privacy.GaussianDP`` (``privacy=``), which clips and noises the
+algorithm's own update part.
 """
 from __future__ import annotations
 
