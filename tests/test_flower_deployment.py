@@ -105,7 +105,14 @@ def test_app_directory_carries_the_configuration(tmp_path):
     app = write_app(cfg, tmp_path / "app", tmp_path / "run")
     pp = tomllib.loads((app / "pyproject.toml").read_text())
     assert pp["tool"]["flwr"]["app"]["components"] == {"serverapp": "fedprob.flower.serverapp:app",
-                                                        "clientapp": "fedprob.flower.clientapp:app"}
+                                                        "clientapp": "fedprob_app.clientapp:app"}
+    import subprocess
+    import sys
+
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); from fedprob_app.clientapp import app; "
+             "from flwr.clientapp import ClientApp; assert isinstance(app, ClientApp); "
+             "assert 'jax' not in sys.modules and 'fedprob' not in sys.modules")
+    subprocess.run([sys.executable, "-c", probe, str(app)], check=True, timeout=60)
     conf = pp["tool"]["flwr"]["app"]["config"]
     inner = spec.parse(conf["fedprob-config"])
     assert inner["model"] == {"name": "softmax_regression", "num_classes": 10}   # filled in from the data set

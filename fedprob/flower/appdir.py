@@ -1,8 +1,10 @@
 """``fedprob flower app``: a Flower App directory for a fedprob configuration.
 
-The directory holds one ``pyproject.toml``: its ``[tool.flwr.app.components]``
+The directory holds a ``pyproject.toml``: its ``[tool.flwr.app.components]``
 point at fedprob's ServerApp (:mod:`fedprob.flower.serverapp`) and ClientApp
-(:mod:`fedprob.flower.clientapp`), and its ``[tool.flwr.app.config]`` carries
+(:mod:`fedprob.flower.clientapp`, through ``fedprob_app/clientapp.py``, which
+loads that file without importing the ``fedprob`` package: a node's
+per-message process then imports no JAX), and its ``[tool.flwr.app.config]`` carries
 the fedprob TOML (``fedprob-config``, resolved by
 :func:`fedprob.flower.spec.resolve`) and the run directory (``out-dir``).
 fedprob must be installed where the SuperLink and the SuperNodes run.
@@ -14,6 +16,25 @@ from pathlib import Path
 
 from ..toml_text import dumps
 from . import spec
+
+
+CLIENTAPP = '''"""fedprob's ClientApp (fedprob/flower/clientapp.py), loaded without importing the fedprob package.
+
+Flower starts a process per message; when the node runs fedprob's worker this process only
+forwards the message, and importing fedprob (JAX, NumPyro) would cost it about a second.
+"""
+import importlib.util
+import os
+
+_pkg = importlib.util.find_spec("fedprob")
+if _pkg is None:
+    raise ImportError("fedprob is not installed on this SuperNode (pip install 'fedprob[flower]')")
+_path = os.path.join(list(_pkg.submodule_search_locations)[0], "flower", "clientapp.py")
+_spec = importlib.util.spec_from_file_location("fedprob_flower_clientapp", _path)
+_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_module)
+app = _module.app
+'''
 
 
 def _toml_str(s: str) -> str:
@@ -53,13 +74,16 @@ publisher = "fedprob"
 
 [tool.flwr.app.components]
 serverapp = "fedprob.flower.serverapp:app"
-clientapp = "fedprob.flower.clientapp:app"
+clientapp = "fedprob_app.clientapp:app"
 
 [tool.flwr.app.config]
 fedprob-config = {_toml_str(resolved)}
 out-dir = {_toml_str(str(run_dir))}
 """)
     (out / "fedprob.toml").write_text(resolved)
+    (out / "fedprob_app").mkdir(exist_ok=True)
+    (out / "fedprob_app" / "__init__.py").write_text('"""A fedprob run as a Flower App."""\n')
+    (out / "fedprob_app" / "clientapp.py").write_text(CLIENTAPP)
     return out
 
 

@@ -12,7 +12,10 @@ A ``query`` message is answered with the rows' count and shapes (checked
 against the model first); a ``train`` message with ``client_update``'s
 result (:mod:`.node`). An error (a file that does not fit, a request that
 does not match) is raised, so the server receives Flower's error reply with
-its text. This module imports no JAX: forwarding is cheap.
+its text. This module imports neither JAX nor the ``fedprob`` package when a
+worker computes: the app directory's ``fedprob_app/clientapp.py`` loads this
+file on its own (importing ``fedprob`` costs about a second, in every
+message's process).
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ def _compute(request: dict, node_config) -> dict:
     path = node_config.get("data-path")
     if not path:
         raise ValueError("this SuperNode has no data: start it with --node-config \"data-path='FILE.npz'\"")
-    from .node import NodeCompute
+    from fedprob.flower.node import NodeCompute   # absolute: this file is also loaded on its own
 
     node = _LOCAL.get(path)
     if node is None:
