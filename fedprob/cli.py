@@ -3,6 +3,7 @@
     fedprob demo [--out DIR] [--rounds R] [--quick] [--seed S]
     fedprob run CONFIG.toml [--out DIR] [--seed S] [--set table.key=value ...] [--force]
     fedprob report RUN_DIR [--out FILE.html]
+    fedprob flower app|split|certs|supernode|local ...   (:mod:`fedprob.flower_cli`)
 
 The configuration keys are in :mod:`fedprob.config` (and ``fedprob run
 --help``); run directories in :mod:`fedprob.rundir`. Errors are one line on
@@ -124,6 +125,9 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write RUN_DIR/report.html (one page, figures embedded)")
     rep.add_argument("run_dir", help="a run directory, or a directory of run directories (fedprob demo --out)")
     rep.add_argument("--out", help="the HTML file (default RUN_DIR/report.html)")
+    from . import flower_cli
+
+    flower_cli.add_parser(sub)
     return p
 
 
@@ -134,6 +138,10 @@ def main(argv=None) -> int:
 
         enable()
     try:
+        if args.cmd == "flower":
+            from .flower_cli import main as flower_main
+
+            return flower_main(args)
         return {"demo": cmd_demo, "run": cmd_run, "report": cmd_report}[args.cmd](args)
     except (ValueError, TypeError, FileExistsError, FileNotFoundError, ImportError) as e:
         if args.traceback:

@@ -11,7 +11,8 @@ each optional: ``[engine]`` (``name = "local"`` with ``client_chunk`` and
 ``devices``, the number of ``jax.devices()`` to use; or ``name = "flower"``
 with ``num_nodes``), ``[faults]`` (``dropout_rate``, ``max_update_norm``),
 ``[stragglers]`` (``rate``, ``policy``, ``min_fraction``) and ``[checkpoint]``
-(``dir``, ``keep``). ``[run] client_chunk`` of earlier releases still works
+(``dir``, ``keep``), and ``[flower]``, read by ``fedprob flower app`` only
+(:mod:`fedprob.flower.spec`). ``[run] client_chunk`` of earlier releases still works
 with a FutureWarning (write ``[engine] client_chunk``). An unknown table or key
 is a ValueError naming it and what is accepted there.
 """
@@ -24,12 +25,13 @@ import tomllib
 from .toml_text import dumps
 
 TABLES = ("data", "partition", "model", "algorithm", "client", "run", "engine", "faults", "stragglers",
-          "checkpoint")
+          "checkpoint", "flower")   # [flower]: the Deployment Engine's keys (fedprob.flower.spec); fedprob run ignores it
 RUN_KEYS = ("rounds", "seed", "clients_per_round", "eval_every")
 OLD_RUN_KEYS = ("client_chunk",)       # deprecated: [engine] client_chunk
 ENGINE_KEYS = {"local": ("name", "client_chunk", "devices"), "flower": ("name", "num_nodes")}
 OPTION_KEYS = {"faults": ("dropout_rate", "max_update_norm"), "stragglers": ("rate", "policy", "min_fraction"),
                "checkpoint": ("dir", "keep")}
+FLOWER_KEYS = ("num_nodes", "node_wait_s", "round_timeout_s", "on_missing", "evaluate")
 PARTITION_KEYS = ("num_clients", "scheme", "seed", "num_classes", "alpha", "alpha_size", "min_size",
                   "heterogeneity", "classes_per_client", "groups", "feature")
 UCI_SETS = ("air_quality", "bike_sharing", "wine_quality", "real_estate", "forest_fires")
@@ -48,6 +50,8 @@ HELP = """configuration (TOML):
   [faults]     dropout_rate, max_update_norm
   [stragglers] rate, policy = truncate | discard, min_fraction
   [checkpoint] dir = "DIR" (resume: run again with more rounds), keep
+  [flower]     num_nodes, node_wait_s, round_timeout_s, on_missing = error | drop, evaluate
+               (Flower's Deployment Engine: fedprob flower app; fedprob run ignores it)
 override any key with --set table.key=value (value in TOML syntax, e.g. --set algorithm.learning_rate=0.05)
 """.format(sets=", ".join(DATA_SETS), run=", ".join(RUN_KEYS))
 
@@ -114,6 +118,7 @@ def validate(cfg: dict) -> dict:
     _check_keys("engine", cfg.get("engine", {}), ENGINE_KEYS[engine])
     for table, keys in OPTION_KEYS.items():
         _check_keys(table, cfg.get(table, {}), keys)
+    _check_keys("flower", cfg.get("flower", {}), FLOWER_KEYS)
     for table, module in (("model", models), ("algorithm", algorithms), ("client", inference)):
         if table in cfg or table in ("model", "algorithm"):
             obj, kw = _named(module, cfg.get(table, {}), table)
