@@ -1,5 +1,7 @@
 """The natural-parameter (dual) family against exact oracles: conjugate Gaussian posteriors,
 the pooled MAP of a logistic regression, and the papers' update equations run in numpy."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -436,6 +438,16 @@ def test_papers_names_are_aliases_that_warn():
         assert got == new and hash(got) == hash(new), (got, new)
     with pytest.raises(ValueError, match="only"):
         FedLap(rho=0.5, damping=0.25)
+    with pytest.warns(FutureWarning) as caught:
+        BayesADMM(gamma=0.2)
+    assert [w.filename for w in caught] == [__file__]        # the warning points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)        # canonical names never warn, nor do the loops
+        for make in (PVI, FedLap, FedLapCov, FedLapFunc, BayesADMM, NaturalLoop, ADMM,
+                     fp.algorithms.EPMCMC, fp.algorithms.ConsensusMC):
+            algo = make()
+            if hasattr(algo, "loop"):
+                algo.loop()
     assert PVI().family == "diag" and BayesADMM().family == "diag"
     for client, family in ((Laplace(hessian="full"), "full"), (Laplace(hessian="ggn"), "full"),
                            (Laplace(hessian="diag_ggn"), "diag"), (SVI(guide="full"), "full"),
