@@ -65,7 +65,7 @@ from ..potential import make_target
 from .base import Algorithm, Context, masked_sum
 from .aliases import alias_field, take_alias
 from .fedlap import _check_damping
-from .natural import model_prior
+from .model_prior import model_prior
 
 Array = jax.Array
 
