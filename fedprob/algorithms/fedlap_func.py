@@ -176,7 +176,7 @@ class FedLapFunc(Algorithm):
         if int(self.num_steps) < 1 or int(self.server_steps) < 1:
             raise ValueError("num_steps and server_steps must be >= 1")
 
-    def _rho(self, ctx: Context, n):
+    def _damping(self, ctx: Context, n):
         dt = jnp.result_type(float)
         if self.damping == "size":
             return jnp.asarray(n, dt) / float(ctx.num_rows)
@@ -231,7 +231,7 @@ class FedLapFunc(Algorithm):
 
         scale = jnp.maximum(jnp.asarray(data.n, w_g.dtype), 1.0)
         w_k = lbfgs_minimize(lambda w: loss(w) / scale, w_g, self.num_steps)
-        inc = self._rho(ctx, data.n) * s * (w_k - w_g)
+        inc = self._damping(ctx, data.n) * s * (w_k - w_g)
         new = FuncClient(client_state.site + inc, w_k, jnp.asarray(True), k)
         labels = soft_labels(pot, w_k, X_k)
         grad_norm = jnp.linalg.norm(jax.grad(loss)(w_k) / scale)
