@@ -9,15 +9,17 @@ product is computed from the same client draws as one more row, to show the
 difference in calibration (NLL, ECE) at about the same accuracy.
 
 ``quick`` keeps every method and shrinks the work: multi-round methods run
-``max(4, rounds // 5)`` rounds (FedPA: its two burn-in rounds, then two
+4 rounds unless ``rounds`` is given (FedPA: its two burn-in rounds, then two
 sampling rounds) and the cyclical SGHMC clients take 200 steps (4 cycles of
 50, 3 draws per cycle).
 """
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from .algorithms import PredictiveBayes
+from .validation import check_int
 
 
 def demo_methods(rounds: int, quick: bool):
@@ -63,7 +65,7 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
 
 
-def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed: int = 0, out=None):
+def run_demo(rounds: Optional[int] = None, quick: bool = False, progress: bool = True, seed: int = 0, out=None):
     """Run every demo method on digits and return one summary row per method.
 
     out: a directory to write one run directory per method into (:mod:`fedprob.rundir`).
@@ -74,8 +76,9 @@ def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed:
     ds = data.load_digits(seed=seed)
     fed = data.partition(*ds.train, num_clients=10, scheme="dirichlet", alpha=0.5, seed=seed)
     model = models.softmax_regression(num_classes=10)
-    if quick:
-        rounds = max(4, rounds // 5)
+    if rounds is None:
+        rounds = 4 if quick else 20
+    check_int("rounds", rounds)
     rows = []
     for name, algo, r in demo_methods(rounds, quick):
         t = time.perf_counter()

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 
 from .faults import tree_norm
 from .validation import check_positive
+from .names import CheckedKeywords
 
 #: RDP orders of the accountant (integers: exact and fast for every sampling rate).
 ORDERS = tuple(range(2, 129)) + (160, 192, 256, 512)
@@ -52,7 +53,7 @@ NOISE_TAG = 0x0D9
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianDP:
+class GaussianDP(CheckedKeywords):
     """Per-client clipping to ``clip_norm`` and Gaussian noise ``noise_multiplier * clip_norm`` on the sum.
 
     delta: the delta of the reported (epsilon, delta).

@@ -24,6 +24,7 @@ from .engine import Flower, Local, local, sharded
 from .engine import rounds as engine_rounds
 from .faults import Faults
 from .metrics import evaluate
+from .names import keywords
 from .potential import get_potential
 from .result import Result, RunLog, collect
 
@@ -108,7 +109,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     ``max_update_norm``, ``checkpoint_dir``) still work with a FutureWarning
     naming the new form (:mod:`fedprob.deprecated`).
     """
-    engine, faults, checkpoint = deprecated.run_options(engine, faults, checkpoint, deprecated_kwargs)
+    engine, faults, checkpoint = deprecated.run_options(engine, faults, checkpoint, deprecated_kwargs,
+                                                        keywords(run, named_only=True))
     M, rounds, engine, faults = _check(algorithm, fed, rounds, clients_per_round, engine, faults, privacy,
                                        checkpoint)
     if isinstance(engine, Flower):

@@ -11,10 +11,11 @@ import dataclasses
 from typing import Optional
 
 import numpy as np
+from ..names import CheckedKeywords
 
 
 @dataclasses.dataclass(frozen=True)
-class Flower:
+class Flower(CheckedKeywords):
     """A local Flower simulation with ``num_nodes`` SuperNodes (default: one per client);
     client ``k`` is served by node ``k mod num_nodes``."""
 
