@@ -112,6 +112,9 @@ def html_report(runs, path, title: str = "fedprob report") -> str:
     ``diagnostics`` (rows). Returns the path written.
     """
     from . import plots
+    from .extras import require
+
+    require("plot", "a report")
 
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
@@ -156,7 +159,9 @@ def html_report(runs, path, title: str = "fedprob report") -> str:
 
 def result_report(result, path, name: Optional[str] = None) -> str:
     """:func:`html_report` of one in-memory :class:`~fedprob.result.Result`."""
+    from .extras import require
     from .rundir import run_record
 
+    require("plot", "result.report(...)")
     return html_report([run_record(result, name=name)], path, title=f"fedprob report: "
                        f"{name or type(result.algorithm).__name__}")

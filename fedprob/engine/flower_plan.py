@@ -22,6 +22,9 @@ class Flower(CheckedKeywords):
     num_nodes: Optional[int] = None
 
     def __post_init__(self):
+        from ..extras import require
+
+        require("flower", "fp.engine.Flower()", ("flwr",))      # the simulation's ray: checked by fp.run
         n = self.num_nodes
         if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
             raise ValueError(f"Flower.num_nodes must be a positive integer or None, got {n!r}")
