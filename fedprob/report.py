@@ -61,6 +61,16 @@ class Table:
     def column(self, name):
         return [r.get(name) for r in self.rows]
 
+    def to_pandas(self):
+        """The rows as a pandas DataFrame (indexed by ``parameter`` or ``scope`` when there is one)."""
+        import pandas as pd
+
+        df = pd.DataFrame(self.rows)
+        for key in ("parameter", "scope"):
+            if key in df.columns:
+                return df.set_index(key)
+        return df
+
     def _repr_markdown_(self) -> str:
         parts = [f"**{self.title}**\n"] if self.title else []
         parts.append(format_table(self.rows))
