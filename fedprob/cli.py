@@ -77,19 +77,26 @@ def cmd_report(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .demo import COLUMNS, LEGEND, run_demo, table_header, table_line
 
     out = None
     if args.out:
         from .rundir import prepare
 
         out = prepare(args.out, args.force)
-    rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet, seed=args.seed, out=out)
-    table = format_table(rows)
-    print(table)
+
+    def start(text):
+        print(text)
+        print(table_header(), flush=True)
+
+    rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet, seed=args.seed, out=out,
+                    on_start=start, on_row=lambda row: print(table_line(row), flush=True))
+    print()
+    print(LEGEND)
     if out is not None:
         (out / "demo.json").write_text(json.dumps(rows, indent=2))
-        (out / "demo.md").write_text(table + "\n")
+        (out / "demo.md").write_text(table_header(COLUMNS) + "\n" + "\n".join(table_line(r) for r in rows)
+                                     + "\n\n" + LEGEND + "\n")
         print(f"wrote {out / 'demo.json'}, {out / 'demo.md'} and one run directory per method in {out}")
     return 0
 
