@@ -50,28 +50,32 @@ def cmd_run(args) -> int:
     t = time.perf_counter()
     result = run(algo, model, fed, eval_data=test, progress=not args.quiet, **run_kw)
     total = time.perf_counter() - t
-    save_run(out, result, cfg, total, name=type(algo).__name__, overwrite=True)
+    from .rundir import federation_info
+
+    d, part = cfg.get("data", {}), cfg.get("partition", {})
+    text = (f"{d.get('name', 'digits')}: {fed.num_rows} training rows over {fed.num_clients} clients, "
+            f"{part.get('scheme', 'iid')} split; model {cfg.get('model', {}).get('name')}")
+    save_run(out, result, cfg, total, name=type(algo).__name__, overwrite=True, federation=federation_info(fed, text))
     print(format_table([summary_row(type(algo).__name__, result, total)]))
     print(f"run directory: {out}")
     return 0
 
 
 def cmd_report(args) -> int:
-    from .report import html_report
+    from .report import html_report, summary_rows
     from .rundir import load_runs
 
     d = Path(args.run_dir)
     runs = load_runs(d)
     out = Path(args.out) if args.out else (d / "report.html")
     html_report(runs, out, title=f"fedprob report: {d.name}")
+    print(format_table(summary_rows(runs)))
     for r in runs:
-        from .report import history_rows
-
-        print(f"## {r['name']}")
-        print(format_table(history_rows(r["history"])))
         excluded = {h["round"]: h["excluded"] for h in r["history"] if h.get("excluded")}
         if excluded:
-            print(f"clients left out (round: ids): {excluded}")
+            print(f"{r['name']}: clients left out (round: ids): {excluded}")
+        for w in r.get("warnings", ())[:3]:
+            print(f"{r['name']}: {w}")
     print(f"report: {out}")
     return 0
 

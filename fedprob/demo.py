@@ -110,8 +110,9 @@ def run_demo(rounds: Optional[int] = None, quick: bool = False, progress: bool =
     if rounds is None:
         rounds = 4 if quick else 20
     check_int("rounds", rounds)
+    text = describe(fed, ds.test, rounds, quick, seed)
     if on_start is not None:
-        on_start(describe(fed, ds.test, rounds, quick, seed))
+        on_start(text)
     rows = []
     for name, algo, r in demo_methods(rounds, quick):
         t = time.perf_counter()
@@ -124,9 +125,10 @@ def run_demo(rounds: Optional[int] = None, quick: bool = False, progress: bool =
         if out is not None:
             from pathlib import Path
 
-            from .rundir import save_run
+            from .rundir import federation_info, save_run
 
-            save_run(Path(out) / slug(name), result, total_time=total, name=name, num_draws=200)
+            save_run(Path(out) / slug(name), result, total_time=total, name=name, num_draws=200,
+                     federation=federation_info(fed, text))
         if isinstance(algo, PredictiveBayes) and algo.pooling != "product":
             rows.append(_product_row(name, algo, result, ds.test))
             if on_row is not None:
