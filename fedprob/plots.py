@@ -1,4 +1,4 @@
-"""Plots (matplotlib, ``pip install fedprob[plot]``). Each function returns a matplotlib Figure.
+"""Plots (matplotlib: the ``plot`` extra, ``pip install ".[plot]"``). Each function returns a matplotlib Figure.
 
 * :func:`learning_curves`: one history metric over the evaluated rounds, several runs overlaid
   (a bar chart of the final values when each run was evaluated once).
@@ -16,10 +16,11 @@ import numpy as np
 
 
 def _plt():
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - optional dependency
-        raise ImportError("plots need matplotlib: pip install 'fedprob[plot]'") from e
+    from .extras import require
+
+    require("plot", "plots")
+    import matplotlib.pyplot as plt
+
     return plt
 
 
