@@ -336,7 +336,7 @@ def diagnostics_table(result, warn: bool = True):
     """:class:`fedprob.report.Table` of :func:`diagnostics_rows`, with the warnings of :func:`diagnostics.check`
     (one per cause, the clients aggregated) and divergent transitions; a run warns each cause once, however
     often it is asked."""
-    from .report import Table
+    from .table import Table
 
     rows = diagnostics_rows(result)
     seen = result.__dict__.setdefault("_warned", set())

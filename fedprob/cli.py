@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import config as C
 from .names import closest, hint
-from .report import format_table
+from .table import format_table
 
 UCI_SETS = C.UCI_SETS
 

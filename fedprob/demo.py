@@ -84,7 +84,7 @@ def describe(fed, test, rounds: int, quick: bool, seed: int) -> str:
 
 def table_line(row: dict, columns=COLUMNS) -> str:
     """One Markdown table line of ``row`` in ``columns`` (floats to 4 significant digits)."""
-    from .report import _fmt
+    from .table import _fmt
 
     return "| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |"
 

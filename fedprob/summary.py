@@ -53,10 +53,15 @@ NUM_DRAWS = 4000
 
 
 def kind(post) -> str:
-    """``"predictive"``, ``"ensemble"``, ``"gaussian"``, ``"point estimate"`` or ``"samples"``."""
-    from .arviz_io import _kind
-
-    return _kind(post)
+    """``"predictive"``, ``"ensemble"``, ``"gaussian"``, ``"point estimate"`` or ``"samples"``
+    (as :mod:`fedprob.arviz_io` names them; recognised by what the posterior holds)."""
+    if getattr(post, "client_draws", None) is not None:
+        return "predictive" if hasattr(post, "pooling") else "ensemble"
+    if hasattr(post.form, "precision"):
+        return "gaussian"
+    if post.form.draws.reshape(-1, post.form.draws.shape[-1]).shape[0] == 1:
+        return "point estimate"
+    return "samples"
 
 
 def _flat_draws(post, chains, num_draws: int, seed: int):
@@ -82,10 +87,18 @@ def _flat_draws(post, chains, num_draws: int, seed: int):
     return z.reshape(C, z.shape[0] // C, -1), None, "draws"
 
 
-def _constrained(post, z: np.ndarray) -> dict:
-    from .arviz_io import _constrain
+def _constrain_impl(potential, z):
+    return jax.vmap(potential.constrain)(z)
 
-    return _constrain(post.potential, z)
+
+_constrain_jit = jax.jit(_constrain_impl, static_argnums=0)
+
+
+def _constrained(post, z: np.ndarray) -> dict:
+    """flat (..., d) draws -> dict of constrained sites with the same leading axes."""
+    lead = z.shape[:-1]
+    vals = _constrain_jit(post.potential, jnp.asarray(z.reshape(-1, z.shape[-1])))
+    return {k: np.asarray(v).reshape(lead + v.shape[1:]) for k, v in vals.items()}
 
 
 def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs) -> np.ndarray:
@@ -148,7 +161,7 @@ def summary(post, chains=None, num_draws: int = NUM_DRAWS, seed: int = 0, prob: 
     the interval's probability (0.94: columns ``eti_3%`` and ``eti_97%``).
     """
     from . import diagnostics as D
-    from .report import Table
+    from .table import Table
 
     if not 0 < prob < 1:
         raise ValueError(f"prob must lie in (0, 1), got {prob!r}")
