@@ -333,19 +333,23 @@ def diagnostics_rows(result, num_draws: int = 1000, seed: int = 0) -> list:
 
 
 def diagnostics_table(result, warn: bool = True):
-    """:class:`fedprob.report.Table` of :func:`diagnostics_rows`, with the warnings of :func:`diagnostics.check`."""
-    from .report import Table
+    """:class:`fedprob.report.Table` of :func:`diagnostics_rows`, with the warnings of :func:`diagnostics.check`
+    (one per cause, the clients aggregated) and divergent transitions; a run warns each cause once, however
+    often it is asked."""
+    from .table import Table
 
     rows = diagnostics_rows(result)
-    msgs = D.check(rows, warn=warn)
-    for r in rows:
-        if r.get("num_divergences", 0) > 0:
-            m = f"{r['scope']}: {int(r['num_divergences'])} divergent transitions"
-            msgs.append(m)
-            if warn:
-                import warnings
-
-                warnings.warn(m, RuntimeWarning, stacklevel=3)
+    seen = result.__dict__.setdefault("_warned", set())
+    msgs = D.check(rows, warn=warn, seen=seen)
+    div = [(int(r["num_divergences"]), r["scope"]) for r in rows if r.get("num_divergences", 0) > 0]
+    if div:
+        clients = [r for r in rows if str(r.get("scope", "")).startswith("client")]
+        n, scope = max(div)
+        m = (f"divergent transitions on {len(div)} of {len(clients)} clients, {sum(d for d, _ in div)} in all, "
+             f"most {n} ({scope}): raise target_accept_prob or reparameterise the model")
+        msgs.append(m)
+        if warn:
+            D.issue([m], ["clients:divergences"], seen, stacklevel=2)
     return Table(rows, title=f"Diagnostics: {type(result.algorithm).__name__}", notes=msgs)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
+from .names import CheckedKeywords
 
 FORMAT = 1
 _NAME = "round-{:06d}"
@@ -43,7 +44,7 @@ _KEEP = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(CheckedKeywords):
     """Checkpoint every round into ``dir`` and resume from it (module docstring).
 
     dir: the directory (created when needed); a later run with the same inputs

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
 from . import config as C
-from .report import format_table
+from .names import closest, hint
+from .table import format_table
 
 UCI_SETS = C.UCI_SETS
 
@@ -48,46 +50,57 @@ def cmd_run(args) -> int:
     t = time.perf_counter()
     result = run(algo, model, fed, eval_data=test, progress=not args.quiet, **run_kw)
     total = time.perf_counter() - t
-    save_run(out, result, cfg, total, name=type(algo).__name__, overwrite=True)
+    from .rundir import federation_info
+
+    d, part = cfg.get("data", {}), cfg.get("partition", {})
+    text = (f"{d.get('name', 'digits')}: {fed.num_rows} training rows over {fed.num_clients} clients, "
+            f"{part.get('scheme', 'iid')} split; model {cfg.get('model', {}).get('name')}")
+    save_run(out, result, cfg, total, name=type(algo).__name__, overwrite=True, federation=federation_info(fed, text))
     print(format_table([summary_row(type(algo).__name__, result, total)]))
     print(f"run directory: {out}")
     return 0
 
 
 def cmd_report(args) -> int:
-    from .report import html_report
+    from .report import html_report, summary_rows
     from .rundir import load_runs
 
     d = Path(args.run_dir)
     runs = load_runs(d)
     out = Path(args.out) if args.out else (d / "report.html")
     html_report(runs, out, title=f"fedprob report: {d.name}")
+    print(format_table(summary_rows(runs)))
     for r in runs:
-        from .report import history_rows
-
-        print(f"## {r['name']}")
-        print(format_table(history_rows(r["history"])))
         excluded = {h["round"]: h["excluded"] for h in r["history"] if h.get("excluded")}
         if excluded:
-            print(f"clients left out (round: ids): {excluded}")
+            print(f"{r['name']}: clients left out (round: ids): {excluded}")
+        for w in r.get("warnings", ())[:3]:
+            print(f"{r['name']}: {w}")
     print(f"report: {out}")
     return 0
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .demo import COLUMNS, LEGEND, run_demo, table_header, table_line
 
     out = None
     if args.out:
         from .rundir import prepare
 
         out = prepare(args.out, args.force)
-    rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet, seed=args.seed, out=out)
-    table = format_table(rows)
-    print(table)
+
+    def start(text):
+        print(text)
+        print(table_header(), flush=True)
+
+    rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet, seed=args.seed, out=out,
+                    on_start=start, on_row=lambda row: print(table_line(row), flush=True))
+    print()
+    print(LEGEND)
     if out is not None:
         (out / "demo.json").write_text(json.dumps(rows, indent=2))
-        (out / "demo.md").write_text(table + "\n")
+        (out / "demo.md").write_text(table_header(COLUMNS) + "\n" + "\n".join(table_line(r) for r in rows)
+                                     + "\n\n" + LEGEND + "\n")
         print(f"wrote {out / 'demo.json'}, {out / 'demo.md'} and one run directory per method in {out}")
     return 0
 
@@ -101,15 +114,52 @@ def _version() -> str:
         return "unknown"
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors name the closest flag or subcommand, in the usage of the
+    (sub)command where the unknown name was given."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            flags = [o for a in self._actions for o in a.option_strings]
+            first = extras[0]
+            if first.startswith("-"):
+                name = first.split("=", 1)[0]
+                self.error(f"unrecognized argument {name!r}" + hint(name, flags).replace("(valid:", "(flags:"))
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+    def error(self, message):
+        m = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(3))
+            best = closest(m.group(2), choices)
+            message = (f"unknown command {m.group(2)!r}" + (f"; did you mean {best!r}?" if best else "")
+                       + f" (commands: {', '.join(choices)})")
+        super().error(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedprob", description="Bayesian federated learning on NumPyro")
+    p = Parser(prog="fedprob", description="Bayesian federated learning on NumPyro")
     p.add_argument("--version", action="version", version=f"fedprob {_version()}")
     p.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", metavar="{demo,run,report,flower}")
     d = sub.add_parser("demo", help="digits, 10 clients, Dirichlet split: methods side by side")
     d.add_argument("--out", help="write demo.json, demo.md and one run directory per method here")
-    d.add_argument("--rounds", type=int, default=20, help="rounds of the multi-round methods")
-    d.add_argument("--quick", action="store_true", help="a smaller, faster version")
+    d.add_argument("--rounds", type=_positive_int, default=None,
+                   help="rounds of the multi-round methods (default 20; 4 with --quick)")
+    d.add_argument("--quick", action="store_true",
+                   help="a smaller, faster version: 4 rounds (unless --rounds), shorter sampler chains")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--force", action="store_true", help="overwrite an existing --out directory")
     d.add_argument("--quiet", action="store_true")
@@ -132,7 +182,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help()
+        print("\nfedprob: choose a command, e.g. `fedprob demo --quick`", file=sys.stderr)
+        return 2
     if args.cmd in ("demo", "run"):
         from .compile_cache import enable
 

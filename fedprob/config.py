@@ -22,6 +22,7 @@ import dataclasses
 import inspect
 import tomllib
 
+from .names import hint, public_names, unknown
 from .toml_text import dumps
 
 TABLES = ("data", "partition", "model", "algorithm", "client", "run", "engine", "faults", "stragglers",
@@ -63,7 +64,7 @@ def _loader(name: str):
         return data.load_uci
     fn = getattr(data, f"load_{name}", None)
     if name not in DATA_SETS or fn is None:
-        raise ValueError(f"unknown data set '{name}' (known: {', '.join(DATA_SETS)})")
+        raise ValueError(unknown("data set", name, DATA_SETS, "[data] name"))
     return fn
 
 
@@ -80,10 +81,27 @@ def _named(module, table: dict, what: str):
     if "name" not in table:
         raise ValueError(f"[{what}] needs a name")
     name = table["name"]
-    obj = getattr(module, name, None) if isinstance(name, str) else None
-    if obj is None or name.startswith("_") or not callable(obj):
-        raise ValueError(f"unknown {what} '{name}'")
+    valid = _choices(module, what)
+    if name not in valid:
+        raise ValueError(unknown(_WHAT[what], name, valid, f"[{what}] name"))
+    obj = getattr(module, name)
     return obj, {k: v for k, v in table.items() if k != "name"}
+
+
+_WHAT = {"model": "model", "algorithm": "algorithm", "client": "client backend"}
+
+
+def _choices(module, what: str) -> list:
+    """The names a ``[model]``, ``[algorithm]`` or ``[client]`` table may give: the model builders,
+    the :class:`~fedprob.algorithms.Algorithm` subclasses, the client backends."""
+    from .algorithms import Algorithm
+    from .protocols import ClientBackend
+
+    kind = {"algorithm": Algorithm, "client": ClientBackend}.get(what)
+    names = public_names(vars(module), kind)
+    if kind is None:
+        names = [n for n in names if inspect.isfunction(getattr(module, n))]
+    return [n for n in names if not getattr(getattr(module, n), "__abstractmethods__", None)]
 
 
 def _check_keys(table: str, keys, allowed) -> None:
@@ -91,7 +109,7 @@ def _check_keys(table: str, keys, allowed) -> None:
         return
     bad = sorted(set(keys) - set(allowed))
     if bad:
-        raise ValueError(f"unknown key '{bad[0]}' in [{table}] (accepted: {', '.join(sorted(allowed))})")
+        raise ValueError(f"unknown key {bad[0]!r} in [{table}]{hint(bad[0], allowed)}")
 
 
 def validate(cfg: dict) -> dict:
@@ -102,7 +120,7 @@ def validate(cfg: dict) -> dict:
         raise ValueError("a configuration is a TOML document of tables")
     for t, v in cfg.items():
         if t not in TABLES:
-            raise ValueError(f"unknown table [{t}] in the configuration (known: {', '.join(TABLES)})")
+            raise ValueError(f"unknown table [{t}] in the configuration{hint(t, TABLES)}")
         if not isinstance(v, dict):
             raise ValueError(f"[{t}] must be a table, got {type(v).__name__}")
     d = cfg.get("data", {})
@@ -114,7 +132,13 @@ def validate(cfg: dict) -> dict:
     _check_keys("run", cfg.get("run", {}), RUN_KEYS + OLD_RUN_KEYS)
     engine = cfg.get("engine", {}).get("name", "local")
     if engine not in ENGINE_KEYS:
-        raise ValueError(f"unknown engine '{engine}' in [engine] (known: {', '.join(ENGINE_KEYS)})")
+        raise ValueError(unknown("engine", engine, ENGINE_KEYS, "[engine] name"))
+    part = cfg.get("partition", {})
+    if "scheme" in part:
+        from .data.partition import SCHEMES
+
+        if part["scheme"] not in SCHEMES:
+            raise ValueError(unknown("scheme", part["scheme"], SCHEMES, "[partition] scheme"))
     _check_keys("engine", cfg.get("engine", {}), ENGINE_KEYS[engine])
     for table, keys in OPTION_KEYS.items():
         _check_keys(table, cfg.get(table, {}), keys)

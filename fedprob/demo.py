@@ -9,15 +9,17 @@ product is computed from the same client draws as one more row, to show the
 difference in calibration (NLL, ECE) at about the same accuracy.
 
 ``quick`` keeps every method and shrinks the work: multi-round methods run
-``max(4, rounds // 5)`` rounds (FedPA: its two burn-in rounds, then two
+4 rounds unless ``rounds`` is given (FedPA: its two burn-in rounds, then two
 sampling rounds) and the cyclical SGHMC clients take 200 steps (4 cycles of
 50, 3 draws per cycle).
 """
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from .algorithms import PredictiveBayes
+from .validation import check_int
 
 
 def demo_methods(rounds: int, quick: bool):
@@ -63,10 +65,41 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
 
 
-def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed: int = 0, out=None):
+#: the demo table's columns, in order
+COLUMNS = ("method", "rounds", "accuracy", "nll", "ece", "time_s", "compile_s")
+
+LEGEND = """accuracy: share of test digits classified right; nll: mean negative log predictive density on the
+test rows (lower is better); ece: expected calibration error (15 confidence bins; 0 is calibrated);
+time_s: wall time of the run, compile_s: the part spent compiling (0 when the persistent cache or an
+earlier method with the same client backend had compiled it); rounds: communication rounds."""
+
+
+def describe(fed, test, rounds: int, quick: bool, seed: int) -> str:
+    """The demo's first line: what it runs."""
+    sizes = fed.client_sizes
+    return (f"digits (8x8, 10 classes): {int(sum(sizes))} training rows over {fed.num_clients} clients, "
+            f"Dirichlet(0.5) label split (client sizes {min(sizes)} to {max(sizes)}), {len(test[1])} test rows; "
+            f"softmax regression; multi-round methods {rounds} rounds{' (quick)' if quick else ''}; seed {seed}")
+
+
+def table_line(row: dict, columns=COLUMNS) -> str:
+    """One Markdown table line of ``row`` in ``columns`` (floats to 4 significant digits)."""
+    from .table import _fmt
+
+    return "| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |"
+
+
+def table_header(columns=COLUMNS) -> str:
+    return "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+
+
+def run_demo(rounds: Optional[int] = None, quick: bool = False, progress: bool = True, seed: int = 0, out=None,
+             on_start=None, on_row=None):
     """Run every demo method on digits and return one summary row per method.
 
     out: a directory to write one run directory per method into (:mod:`fedprob.rundir`).
+    on_start(text): called first with :func:`describe`'s line; on_row(row): with each row as its
+    method finishes.
     """
     from . import data, models
     from .run import run
@@ -74,8 +107,12 @@ def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed:
     ds = data.load_digits(seed=seed)
     fed = data.partition(*ds.train, num_clients=10, scheme="dirichlet", alpha=0.5, seed=seed)
     model = models.softmax_regression(num_classes=10)
-    if quick:
-        rounds = max(4, rounds // 5)
+    if rounds is None:
+        rounds = 4 if quick else 20
+    check_int("rounds", rounds)
+    text = describe(fed, ds.test, rounds, quick, seed)
+    if on_start is not None:
+        on_start(text)
     rows = []
     for name, algo, r in demo_methods(rounds, quick):
         t = time.perf_counter()
@@ -83,14 +120,19 @@ def run_demo(rounds: int = 20, quick: bool = False, progress: bool = True, seed:
                      eval_every=max(r, 1))
         total = time.perf_counter() - t
         rows.append(summary_row(name, result, total))
+        if on_row is not None:
+            on_row(rows[-1])
         if out is not None:
             from pathlib import Path
 
-            from .rundir import save_run
+            from .rundir import federation_info, save_run
 
-            save_run(Path(out) / slug(name), result, total_time=total, name=name, num_draws=200)
+            save_run(Path(out) / slug(name), result, total_time=total, name=name, num_draws=200,
+                     federation=federation_info(fed, text))
         if isinstance(algo, PredictiveBayes) and algo.pooling != "product":
             rows.append(_product_row(name, algo, result, ds.test))
+            if on_row is not None:
+                on_row(rows[-1])
     return rows
 
 

@@ -103,12 +103,15 @@ def _faults(faults, given: dict):
     return f, new
 
 
-def run_options(engine, faults, checkpoint, old: dict):
+def run_options(engine, faults, checkpoint, old: dict, run_keywords=()):
     """``(engine, faults, checkpoint)`` of an ``fp.run`` call, translating the keywords of earlier
-    releases in ``old`` (one FutureWarning naming the new form)."""
+    releases in ``old`` (one FutureWarning naming the new form); a keyword in neither those nor
+    ``run_keywords`` (``fp.run``'s own) is a TypeError naming the closest of ``run_keywords``."""
     unknown = sorted(set(old) - set(ENGINE_KEYS + FAULT_KEYS + CHECKPOINT_KEYS))
     if unknown:
-        raise TypeError(f"run() got an unexpected keyword argument {unknown[0]!r}")
+        from .names import unexpected_keyword
+
+        raise unexpected_keyword("run", unknown[0], run_keywords)
     olds, news = [], []
     given = {k: old[k] for k in ENGINE_KEYS if k in old}
     if isinstance(engine, str) or given:

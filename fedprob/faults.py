@@ -64,6 +64,7 @@ import numpy as np
 
 from .stragglers import STRAGGLER_POLICIES, Stragglers
 from .validation import check_fraction, check_positive
+from .names import CheckedKeywords
 
 #: fold_in tag of the faults' randomness (independent of client selection and client keys).
 FAULT_TAG = 0x0FA17
@@ -72,7 +73,7 @@ WORK_TAG = 0x5106
 
 
 @dataclasses.dataclass(frozen=True)
-class Faults:
+class Faults(CheckedKeywords):
     """Fault simulation and the norm bound of one run (module docstring): ``dropout_rate`` in
     [0, 1), ``stragglers`` a :class:`~fedprob.stragglers.Stragglers` (a number ``r`` is short for
     ``Stragglers(rate=r)``; None or 0: none), ``max_update_norm`` positive or None."""

@@ -1,6 +1,8 @@
-"""Plots (matplotlib, ``pip install fedprob[plot]``). Each function returns a matplotlib Figure.
+"""Plots (matplotlib: the ``plot`` extra, ``pip install ".[plot]"``). Each function returns a matplotlib Figure.
 
-* :func:`learning_curves`: one history metric per round, several runs overlaid.
+* :func:`learning_curves`: one history metric over the evaluated rounds, several runs overlaid
+  (a bar chart of the final values when each run was evaluated once).
+* :func:`heterogeneity`: client sizes and label histograms of a federation.
 * :func:`reliability_diagram`: accuracy against confidence per bin (classification)
   or empirical against nominal interval coverage (regression), from a history entry.
 * :func:`marginals`: a posterior's 1-D marginals against a reference's (exact or NUTS draws).
@@ -14,10 +16,11 @@ import numpy as np
 
 
 def _plt():
-    try:
-        import matplotlib.pyplot as plt
-    except ImportError as e:  # pragma: no cover - optional dependency
-        raise ImportError("plots need matplotlib: pip install 'fedprob[plot]'") from e
+    from .extras import require
+
+    require("plot", "plots")
+    import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -26,16 +29,56 @@ def _history(run):
 
 
 def learning_curves(runs: dict, metric: str = "accuracy", ax=None):
-    """``runs``: name -> Result or history list; the metric per round, one line per run."""
+    """``runs``: name -> Result or history list; the metric over the evaluated rounds, one line per run.
+
+    Rounds without the metric (not evaluated) are skipped, so a run evaluated every few rounds is
+    still a line. When no run has more than one evaluated round, a bar chart of the final values.
+    """
     plt = _plt()
-    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(5, 3.2))
-    for name, run in runs.items():
-        h = [e for e in _history(run) if metric in e and isinstance(e[metric], (int, float))]
-        if h:
-            ax.plot([e["round"] for e in h], [e[metric] for e in h], marker="o", ms=3, label=name)
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(6, 3.4), layout="constrained")
+    points = {name: [e for e in _history(run) if isinstance(e.get(metric), (int, float))]
+              for name, run in runs.items()}
+    points = {k: v for k, v in points.items() if v}
+    if points and max(len(v) for v in points.values()) == 1:
+        names = list(points)
+        ax.barh(range(len(names)), [v[-1][metric] for v in points.values()], color="C0")
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{metric} (final round)")
+        return fig
+    for name, h in points.items():
+        ax.plot([e["round"] for e in h], [e[metric] for e in h], marker="o", ms=3, label=name)
     ax.set_xlabel("round")
     ax.set_ylabel(metric)
-    ax.legend(fontsize=7)
+    if points:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def heterogeneity(sizes, label_counts=None):
+    """The federation at a glance: rows per client, and each client's label histogram (stacked shares)."""
+    plt = _plt()
+    sizes = np.asarray(sizes)
+    K = len(sizes)
+    ncols = 1 if label_counts is None else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(5.5 * ncols, 3.2), layout="constrained", squeeze=False)
+    axes[0, 0].bar(range(K), sizes, color="C0")
+    axes[0, 0].set_xlabel("client")
+    axes[0, 0].set_ylabel("rows")
+    axes[0, 0].set_title("client sizes", fontsize=9)
+    if label_counts is not None:
+        counts = np.asarray(label_counts, float)
+        share = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+        bottom = np.zeros(K)
+        cmap = plt.get_cmap("tab10" if counts.shape[1] <= 10 else "tab20")
+        for c in range(counts.shape[1]):
+            axes[0, 1].bar(range(K), share[:, c], bottom=bottom, color=cmap(c % cmap.N), label=str(c))
+            bottom += share[:, c]
+        axes[0, 1].set_xlabel("client")
+        axes[0, 1].set_ylabel("share of rows")
+        axes[0, 1].set_title("labels per client", fontsize=9)
+        axes[0, 1].legend(fontsize=6, ncols=2, title="label", title_fontsize=6, loc="center left",
+                          bbox_to_anchor=(1.0, 0.5))
     return fig
 
 
@@ -177,4 +220,4 @@ def rank(idata, var_names=None):
     return np.atleast_1d(axes).ravel()[0].figure
 
 
-__all__ = ["learning_curves", "reliability_diagram", "marginals", "client_contours", "trace", "rank"]
+__all__ = ["learning_curves", "heterogeneity", "reliability_diagram", "marginals", "client_contours", "trace", "rank"]

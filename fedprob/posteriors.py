@@ -224,6 +224,21 @@ class GlobalPosterior:
         return {k: jnp.mean(v, 0) for k, v in vals.items()}
 
     @property
+    def sd(self) -> dict:
+        """dict site -> posterior sd of the constrained site, beside :attr:`mean`: exact for a Gaussian's
+        real-support sites, from draws otherwise; NaN for a point estimate (:func:`fedprob.summary.site_sd`)."""
+        from .summary import site_sd
+
+        return site_sd(self)
+
+    def summary(self, prob: float = 0.94, chains: Optional[int] = None, num_draws: int = 4000, seed: int = 0):
+        """A table like ``az.summary``: mean, sd, the equal-tailed ``prob`` interval, bulk/tail ESS and
+        R-hat where there are chains of draws, per site and coordinate (:mod:`fedprob.summary`)."""
+        from .summary import summary
+
+        return summary(self, chains=chains, num_draws=num_draws, seed=seed, prob=prob)
+
+    @property
     def flat_mean(self) -> Array:
         """Mean of the flat unconstrained parameter."""
         return self.form.mean()

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 
 from .faults import tree_norm
 from .validation import check_positive
+from .names import CheckedKeywords
 
 #: RDP orders of the accountant (integers: exact and fast for every sampling rate).
 ORDERS = tuple(range(2, 129)) + (160, 192, 256, 512)
@@ -52,7 +53,7 @@ NOISE_TAG = 0x0D9
 
 
 @dataclasses.dataclass(frozen=True)
-class GaussianDP:
+class GaussianDP(CheckedKeywords):
     """Per-client clipping to ``clip_norm`` and Gaussian noise ``noise_multiplier * clip_norm`` on the sum.
 
     delta: the delta of the reported (epsilon, delta).
@@ -63,6 +64,9 @@ class GaussianDP:
     delta: float = 1e-5
 
     def __post_init__(self):
+        from .extras import require
+
+        require("privacy", "fp.GaussianDP(...)")
         check_positive("clip_norm", self.clip_norm)
         check_positive("noise_multiplier", self.noise_multiplier, allow_zero=True)
         if not 0 < float(self.delta) < 1:
@@ -115,11 +119,10 @@ def privatize(algorithm, ctx, messages, mask, key, dp: GaussianDP):
 @functools.lru_cache(maxsize=256)
 def epsilon(noise_multiplier: float, sampling_rate: float, rounds: int, delta: float) -> float:
     """epsilon of ``rounds`` Poisson-subsampled Gaussian rounds at ``delta`` (dp-accounting RDP, :data:`ORDERS`)."""
-    try:
-        import dp_accounting
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("differential privacy accounting needs dp-accounting: "
-                          "pip install 'fedprob[privacy]'") from e
+    from .extras import require
+
+    require("privacy", "differential privacy accounting")
+    import dp_accounting
     if noise_multiplier == 0:
         return math.inf
     event = dp_accounting.SelfComposedDpEvent(

@@ -2,9 +2,10 @@
 
 The SG-MCMC chain runner calls :func:`report` (a ``jax.debug.callback``) at
 about :data:`REPORTS` evenly spaced points of each chain with the fraction
-of that chain's steps done. On the host the fraction goes to the active
-:func:`phase` (a tqdm bar in per mille of the phase, whose rate gives the
-remaining time) or nowhere. Conventions: clients vmapped together advance
+of that chain's steps done (``done`` and ``total`` steps). On the host it goes
+to the active :func:`phase` (a tqdm bar counting the chains' steps, the
+clients' chunks one after the other, whose rate gives the remaining time; it
+reads "compiling" until the program starts) or nowhere. Conventions: clients vmapped together advance
 in lockstep, so any one's fraction is the group's; clients run in
 ``groups`` sequential chunks (``lax.map``) restart at 0, which the sink
 counts as the next group. Outside a :func:`phase` a report costs one host
@@ -33,33 +34,49 @@ _TRACE_REPORTS = True
 
 
 class _Phase:
-    def __init__(self, bar, groups: int):
-        self.bar, self.groups = bar, max(int(groups), 1)
-        self.group, self.last, self.shown, self.reports = 0, 0.0, 0, 0
+    def __init__(self, bar, groups: int, desc: str = ""):
+        self.bar, self.groups, self.desc = bar, max(int(groups), 1), desc
+        self.group, self.last, self.shown, self.reports, self.total = 0, 0.0, 0, 0, 0
         self.start = time.perf_counter()
 
-    def update(self, frac: float):
+    def compiling(self):
+        """Say on the bar that the program is being compiled."""
+        if self.bar is not None:
+            self.bar.set_description(f"{self.desc}: compiling")
+
+    def running(self, compile_s: float):
+        """The program is compiled (in ``compile_s`` seconds): the bar counts steps from here."""
+        if self.bar is not None:
+            self.bar.set_description(self.desc)
+            self.bar.set_postfix({"compile_s": f"{compile_s:.1f}"})
+
+    def update(self, frac: float, total: float = 0.0):
         self.reports += 1
         if frac + 0.25 < self.last and self.group + 1 < self.groups:   # the next chunk of clients
             self.group += 1
         self.last = frac
-        shown = int(1000 * min((self.group + frac) / self.groups, 1.0))
+        steps = max(int(round(total)), 1)
+        self.total = steps * self.groups
+        if self.bar is not None and self.bar.total != self.total:
+            self.bar.total = self.total
+        shown = int(steps * self.groups * min((self.group + frac) / self.groups, 1.0))
         if shown > self.shown and self.bar is not None:
             self.bar.update(shown - self.shown)
         self.shown = max(shown, self.shown)
 
 
-def _sink(frac):
+def _sink(done, total):
     phase = _ACTIVE
     if phase is not None:
-        phase.update(float(np.max(np.asarray(frac))))
+        total = float(np.max(np.asarray(total)))
+        phase.update(float(np.max(np.asarray(done))) / max(total, 1.0), total)
 
 
 def report(done, total):
-    """Report ``done / total`` steps of a chain (traced code; a no-op outside a :func:`phase`,
+    """Report ``done`` of ``total`` steps of a chain (traced code; a no-op outside a :func:`phase`,
     and adds nothing to a program traced inside ``tracing(False)``)."""
     if _TRACE_REPORTS:
-        jax.debug.callback(_sink, done / total)
+        jax.debug.callback(_sink, done, total)
 
 
 @contextlib.contextmanager
@@ -75,14 +92,14 @@ def tracing(enabled: bool):
 
 @contextlib.contextmanager
 def phase(desc: str, groups: int = 1, enabled: bool = True):
-    """Show the reports of the compiled calls made inside the block as a bar (per mille)."""
+    """Show the reports of the compiled calls made inside the block as a bar counting chain steps."""
     global _ACTIVE
     bar = None
     if enabled:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=1000, desc=desc, leave=False, unit="‰")
-    prev, _ACTIVE = _ACTIVE, _Phase(bar, groups)
+        bar = tqdm(total=None, desc=desc, leave=False, unit=" steps")
+    prev, _ACTIVE = _ACTIVE, _Phase(bar, groups, desc)
     try:
         yield _ACTIVE
     finally:

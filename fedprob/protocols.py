@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from .names import CheckedKeywords
 from .posteriors import Gaussian, Samples
 from .potential import ClientData, LocalTarget
 
@@ -70,8 +71,9 @@ class ClientResult(NamedTuple):
     diagnostics: dict       # name -> scalar array (and DRAW_STATS -> dict of per-draw arrays)
 
 
-class ClientBackend:
-    """Base class of client backends: subclasses are frozen dataclasses."""
+class ClientBackend(CheckedKeywords):
+    """Base class of client backends: subclasses are frozen dataclasses (an unknown keyword argument
+    is a TypeError naming the closest field, :class:`fedprob.names.CheckedKeywords`)."""
 
     output: str = "samples"   # or "gaussian"
     #: the ``Potential.init`` strategy of the chain's or optimiser's start when the caller gives

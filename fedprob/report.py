@@ -17,77 +17,29 @@ from pathlib import Path
 from typing import Optional
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.4g}"
-    return str(v)
-
-
-def format_table(rows) -> str:
-    """A Markdown table of dict rows (floats to 4 significant digits)."""
-    if not rows:
-        return ""
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def html_table(rows) -> str:
-    """An HTML table of dict rows (floats to 4 significant digits, cells escaped)."""
-    if not rows:
-        return "<p>(empty)</p>"
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c, '')))}</td>" for c in cols) + "</tr>"
-                   for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-class Table:
-    """Rows (dicts) with a title and notes (warnings); Markdown and HTML reprs for notebooks."""
-
-    def __init__(self, rows, title: str = "", notes=()):
-        self.rows = [dict(r) for r in rows]
-        self.title = title
-        self.notes = list(notes)
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return self.rows[i]
-
-    def column(self, name):
-        return [r.get(name) for r in self.rows]
-
-    def _repr_markdown_(self) -> str:
-        parts = [f"**{self.title}**\n"] if self.title else []
-        parts.append(format_table(self.rows))
-        parts += ["", *[f"- {n}" for n in self.notes]] if self.notes else []
-        return "\n".join(parts)
-
-    def _repr_html_(self) -> str:
-        t = f"<h4>{html.escape(self.title)}</h4>" if self.title else ""
-        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes)
-        return t + html_table(self.rows) + (f"<ul class='warn'>{notes}</ul>" if notes else "")
-
-    def __repr__(self) -> str:
-        return self._repr_markdown_()
+from .table import Table, _fmt, format_table, html_table  # noqa: F401  (re-exported)
 
 
 # -- HTML page ----------------------------------------------------------------------------------
 
-_CSS = """body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}
+_CSS = """body{font-family:sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;color:#222;line-height:1.35}
 table{border-collapse:collapse;margin:0.5em 0;font-size:0.85em}td,th{border:1px solid #ccc;padding:2px 6px}
-th{background:#f0f0f0}pre{background:#f7f7f7;padding:0.5em}.warn li{color:#a40}img{max-width:100%}"""
-
+th{background:#f0f0f0}pre{background:#f7f7f7;padding:0.5em;white-space:pre-wrap;word-break:break-word}
+.warn li{color:#a40}img{max-width:100%;height:auto}.scroll{max-width:100%;overflow-x:auto}
+nav ol{columns:2;font-size:0.9em}dl.legend{font-size:0.85em;display:grid;grid-template-columns:max-content 1fr;
+gap:0.1em 1em}dl.legend dt{font-weight:bold}details{margin:0.4em 0}summary{cursor:pointer;color:#225}
+.meta{font-size:0.9em;color:#444}"""
 
 def figure_html(fig, alt: str = "figure") -> str:
     """A matplotlib figure as an <img> with the PNG embedded (base64); the figure is closed."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
+    if not fig.get_constrained_layout():
+        try:
+            fig.tight_layout()                      # subplot titles and labels do not overlap
+        except (ValueError, RuntimeError):          # pragma: no cover - a layout matplotlib cannot solve
+            pass
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     data = base64.b64encode(buf.getvalue()).decode("ascii")
@@ -104,59 +56,160 @@ def history_rows(history) -> list:
     return [{c: h.get(c, "") for c in cols} for h in history]
 
 
+#: the summary's columns and what they mean (the rest of the final metrics are folded away)
+SUMMARY_LEGEND = {
+    "method": "the algorithm (and client backend), in the order the runs were made",
+    "rounds": "communication rounds run",
+    "accuracy": "share of test rows classified right (classification)",
+    "nll": "mean negative log predictive density of the test rows; lower is better",
+    "ece": "expected calibration error over 15 confidence bins; 0 is calibrated",
+    "rmse": "root mean squared error of the predictive mean (regression)",
+    "coverage_95": "share of test targets inside the 95% predictive interval (regression)",
+    "total_time": "wall time of the run in seconds",
+    "compile_time": "seconds of it spent compiling (0 when a cache or an earlier run had compiled it)",
+}
+
+
+def _wrap(table_html: str) -> str:
+    return f"<div class='scroll'>{table_html}</div>"
+
+
+def _slug(name: str, i: int) -> str:
+    import re
+
+    return f"m{i}-" + re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def summary_rows(runs) -> list:
+    """One row per run with the columns of :data:`SUMMARY_LEGEND` that any run has."""
+    rows = []
+    for r in runs:
+        m = r.get("metrics", {})
+        row = {"method": r["name"], "rounds": len(r.get("history", [])) or m.get("round", "")}
+        row.update({k: m[k] for k in SUMMARY_LEGEND if k in m and k not in ("method", "rounds")})
+        rows.append(row)
+    cols = [c for c in SUMMARY_LEGEND if any(c in row for row in rows)]
+    return [{c: row.get(c, "") for c in cols} for row in rows]
+
+
+def _nonempty(rows) -> list:
+    """Rows without the columns that are empty everywhere, and without rows holding only labels."""
+    rows = [r for r in rows if any(v not in ("", None) for k, v in r.items() if k not in ("scope", "kind"))]
+    cols = [c for c in dict.fromkeys(c for r in rows for c in r)
+            if any(r.get(c) not in ("", None) and not (isinstance(r.get(c), float) and math.isnan(r[c]))
+                   for r in rows)]
+    return [{c: r.get(c, "") for c in cols} for r in rows]
+
+
+def _header(runs) -> str:
+    info = next((r["info"] for r in runs if r.get("info")), {})
+    fed = info.get("federation", {})
+    parts = []
+    if fed.get("description"):
+        parts.append(f"<p>{html.escape(fed['description'])}</p>")
+    if fed.get("sizes"):
+        sizes = fed["sizes"]
+        parts.append(f"<p class='meta'>{fed.get('num_clients', len(sizes))} clients, {sum(sizes)} training rows "
+                     f"(client sizes {min(sizes)} to {max(sizes)}); {len(runs)} run(s)</p>")
+    if info.get("versions"):
+        parts.append("<p class='meta'>versions: " + html.escape(", ".join(f"{k} {v}" for k, v in
+                                                                           info["versions"].items())) + "</p>")
+    return "".join(parts)
+
+
 def html_report(runs, path, title: str = "fedprob report") -> str:
-    """Write one HTML page for ``runs``: a list of dicts (see :func:`fedprob.rundir.load_run`).
+    """Write one HTML page for ``runs``: a list of dicts (see :func:`fedprob.rundir.load_run`), in run order.
 
     Each run dict has ``name``, ``config`` (dict), ``history`` (list of
-    dicts), ``metrics`` (dict) and optionally ``idata`` (ArviZ) and
-    ``diagnostics`` (rows). Returns the path written.
+    dicts), ``metrics`` (dict) and optionally ``idata`` (ArviZ),
+    ``diagnostics`` (rows), ``warnings`` and ``info`` (the algorithm's repr,
+    the federation, library versions: :func:`fedprob.rundir.run_info`).
+    The page: a header (data, clients, versions), contents, a summary of
+    the columns that matter with a legend (every final metric folded below
+    it), learning curves, the federation's heterogeneity, then one section
+    per run (configuration, metrics, diagnostics, plots). Returns the path.
     """
     from . import plots
+    from .extras import require
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    if len(runs) > 1:
-        summary = [dict(method=r["name"], **{k: v for k, v in r.get("metrics", {}).items()
-                                             if isinstance(v, (int, float))}) for r in runs]
-        parts.append("<h2>Summary</h2>" + html_table(summary))
+    require("plot", "a report")
+    contents = [("summary", "Summary")]
+    body = [f"<section id='summary'><h2>Summary</h2>{_wrap(html_table(summary_rows(runs)))}<dl class='legend'>"]
+    cols = summary_rows(runs)[0] if runs else {}
+    body.append("".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(SUMMARY_LEGEND[c])}</dd>" for c in cols))
+    body.append("</dl>")
+    full = [dict(method=r["name"], **{k: v for k, v in r.get("metrics", {}).items() if isinstance(v, (int, float))})
+            for r in runs]
+    body.append(f"<details><summary>every final metric</summary>{_wrap(html_table(full))}</details></section>")
     hist = {r["name"]: r["history"] for r in runs if r.get("history")}
-    for metric in ("accuracy", "nll", "rmse"):
-        if any(metric in h for hs in hist.values() for h in hs):
-            parts.append(f"<h3>Learning curves: {metric}</h3>")
-            parts.append(figure_html(plots.learning_curves(hist, metric), f"learning curves {metric}"))
-    for r in runs:
-        name = html.escape(r["name"])
-        parts.append(f"<h2>{name}</h2>")
-        if r.get("config"):
-            parts.append("<h3>Configuration</h3><pre>" + html.escape(json.dumps(r["config"], indent=1, default=str))
-                         + "</pre>")
-        if r.get("metrics"):
-            parts.append("<h3>Final metrics and timings</h3>" + html_table([r["metrics"]]))
-        if r.get("history"):
-            parts.append("<h3>Per-round metrics</h3>" + html_table(history_rows(r["history"])))
-            last = r["history"][-1]
-            if "reliability" in last:
-                parts.append("<h3>Reliability</h3>" + figure_html(plots.reliability_diagram(last, title=r["name"]),
-                                                                   "reliability diagram"))
-        if r.get("diagnostics"):
-            t = Table(r["diagnostics"], notes=r.get("warnings", ()))
-            parts.append("<h3>Diagnostics</h3>" + t._repr_html_())
-        idata = r.get("idata")
-        if idata is not None and getattr(idata, "attrs", {}).get("kind") not in ("point estimate", "predictive"):
-            try:
-                parts.append("<h3>Trace and rank</h3>" + figure_html(plots.trace(idata), "trace"))
-                parts.append(figure_html(plots.rank(idata), "rank"))
-            except (ValueError, KeyError) as e:
-                parts.append(f"<p>no trace plot: {html.escape(str(e))}</p>")
-    parts.append("</body></html>")
+    curves = [m for m in ("accuracy", "nll", "rmse") if any(m in h for hs in hist.values() for h in hs)]
+    if curves:
+        contents.append(("curves", "Learning curves"))
+        body.append("<section id='curves'><h2>Learning curves</h2>")
+        for metric in curves:
+            body.append(f"<h3>{metric}</h3>" + figure_html(plots.learning_curves(hist, metric),
+                                                             f"learning curves {metric}"))
+        body.append("</section>")
+    fed = next((r["info"]["federation"] for r in runs if r.get("info", {}).get("federation", {}).get("sizes")), None)
+    if fed is not None:
+        contents.append(("federation", "Federation"))
+        body.append("<section id='federation'><h2>Federation</h2>" + figure_html(
+            plots.heterogeneity(fed["sizes"], fed.get("label_counts")), "client sizes and label histograms")
+            + "</section>")
+    for i, r in enumerate(runs):
+        anchor = _slug(r["name"], i)
+        contents.append((anchor, r["name"]))
+        body.append(f"<section id='{anchor}'>{_run_section(r, plots)}</section>")
+    nav = "<nav><h2>Contents</h2><ol>" + "".join(f"<li><a href='#{a}'>{html.escape(t)}</a></li>"
+                                                   for a, t in contents) + "</ol></nav>"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' "
+            f"content='width=device-width'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>{_header(runs)}{nav}{''.join(body)}</body></html>")
     path = Path(path)
-    path.write_text("".join(parts))
+    path.write_text(page)
     return str(path)
+
+
+def _run_section(r, plots) -> str:
+    parts = [f"<h2>{html.escape(r['name'])}</h2>"]
+    algo = r.get("info", {}).get("algorithm")
+    if algo or r.get("config"):
+        parts.append("<h3>Configuration</h3>")
+        if algo:
+            parts.append(f"<pre>{html.escape(algo)}</pre>")
+        if r.get("config"):
+            parts.append("<pre>" + html.escape(json.dumps(r["config"], indent=1, default=str)) + "</pre>")
+    if r.get("metrics"):
+        parts.append("<details><summary>final metrics and timings</summary>" + _wrap(html_table([r["metrics"]]))
+                     + "</details>")
+    if r.get("history"):
+        parts.append("<details><summary>per-round metrics</summary>" + _wrap(html_table(history_rows(r["history"])))
+                     + "</details>")
+        last = r["history"][-1]
+        if "reliability" in last:
+            parts.append("<h3>Reliability</h3>" + figure_html(plots.reliability_diagram(last, title=r["name"]),
+                                                               "reliability diagram"))
+    if r.get("diagnostics"):
+        rows = _nonempty(r["diagnostics"])
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in r.get("warnings", ()))
+        parts.append("<h3>Diagnostics</h3>" + (f"<ul class='warn'>{notes}</ul>" if notes else "")
+                     + (f"<details><summary>per scope (global, clients)</summary>{_wrap(html_table(rows))}</details>"
+                        if rows else ""))
+    idata = r.get("idata")
+    if idata is not None and getattr(idata, "attrs", {}).get("kind") not in ("point estimate", "predictive"):
+        try:
+            parts.append("<h3>Trace and rank</h3>" + figure_html(plots.trace(idata), "trace"))
+            parts.append(figure_html(plots.rank(idata), "rank"))
+        except (ValueError, KeyError) as e:
+            parts.append(f"<p>no trace plot: {html.escape(str(e))}</p>")
+    return "".join(parts)
 
 
 def result_report(result, path, name: Optional[str] = None) -> str:
     """:func:`html_report` of one in-memory :class:`~fedprob.result.Result`."""
+    from .extras import require
     from .rundir import run_record
 
+    require("plot", "result.report(...)")
     return html_report([run_record(result, name=name)], path, title=f"fedprob report: "
                        f"{name or type(result.algorithm).__name__}")

@@ -92,6 +92,15 @@ class Result:
 
         return diagnostics_table(self, warn=warn)
 
+    def summary(self, prob: float = 0.94, num_draws: int = 4000, seed: int = 0):
+        """The global posterior's summary table (mean, sd, ``prob`` interval, ESS, R-hat per coordinate),
+        its chains those of the client backend (:func:`fedprob.summary.summary`)."""
+        from .arviz_io import _chains_of
+        from .summary import summary
+
+        return summary(self.posterior, chains=_chains_of(self), num_draws=num_draws, seed=seed, prob=prob,
+                       title=f"posterior summary: {type(self.algorithm).__name__}")
+
     def report(self, path, name: Optional[str] = None) -> str:
         """Write a self-contained HTML report of this result to ``path``; returns the path."""
         from .report import result_report

@@ -24,6 +24,7 @@ from .engine import Flower, Local, local, sharded
 from .engine import rounds as engine_rounds
 from .faults import Faults
 from .metrics import evaluate
+from .names import keywords
 from .potential import get_potential
 from .result import Result, RunLog, collect
 
@@ -67,14 +68,19 @@ def _check(algorithm, fed, rounds, clients_per_round, engine, faults, privacy, c
     return M, int(rounds), engine, faults
 
 
-def _bar(progress: bool, rounds: int, start: int, name: str, compile_time: float):
+def _bar(progress: bool, rounds: int, start: int, name: str):
+    """The rounds' bar, reading "compiling" until :func:`_compiled` says the round is compiled."""
     if not progress:
         return None
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=rounds, initial=start, desc=name, leave=False)
-    bar.set_postfix({"compile_s": f"{compile_time:.1f}"})
-    return bar
+    return tqdm(total=rounds, initial=start, desc=f"{name}: compiling", leave=False, unit=" rounds")
+
+
+def _compiled(bar, name: str, compile_time: float) -> None:
+    if bar is not None:
+        bar.set_description(name)
+        bar.set_postfix({"compile_s": f"{compile_time:.1f}"})
 
 
 def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] = None, seed: int = 0,
@@ -108,7 +114,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     ``max_update_norm``, ``checkpoint_dir``) still work with a FutureWarning
     naming the new form (:mod:`fedprob.deprecated`).
     """
-    engine, faults, checkpoint = deprecated.run_options(engine, faults, checkpoint, deprecated_kwargs)
+    engine, faults, checkpoint = deprecated.run_options(engine, faults, checkpoint, deprecated_kwargs,
+                                                        keywords(run, named_only=True))
     M, rounds, engine, faults = _check(algorithm, fed, rounds, clients_per_round, engine, faults, privacy,
                                        checkpoint)
     if isinstance(engine, Flower):
@@ -143,10 +150,12 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
             start, server, clients, history = restored
             if start > rounds:
                 raise ValueError(f"the checkpoint in {checkpoint.dir} is at round {start}, beyond rounds={rounds}")
+    bar = _bar(progress and rounds > 1, rounds, start, type(algorithm).__name__)   # one round: the client bar
     compiled = engine_rounds.compile_rounds(engine, algorithm, ctx, M, rounds, start, server, clients, data,
                                             k_rounds, faults, privacy, progress)
     clients, log = compiled.clients, RunLog(K, history)
-    bar = _bar(progress, rounds, start, type(algorithm).__name__, compiled.compile_time)
+    bar = bar or _bar(progress, rounds, start, type(algorithm).__name__)
+    _compiled(bar, type(algorithm).__name__, compiled.compile_time)
     # loop
     for r in range(start, rounds):
         t = time.perf_counter()

@@ -12,6 +12,10 @@ Layout (arrays and text only, no pickle)::
                        ``mean/<site>`` (constrained)
     posterior.nc       ``Result.to_arviz()`` as NetCDF (all groups)
     diagnostics.json   the rows and warnings of ``Result.diagnostics()``
+    info.json          what the report's header shows: the algorithm's configuration (its repr),
+                       the federation (client sizes, label counts per client), a description of
+                       the data and split, library versions, and when the run was saved (the
+                       report lists runs in that order)
 
 An existing non-empty directory is not overwritten unless ``overwrite=True``.
 """
@@ -81,23 +85,64 @@ def prepare(out, overwrite: bool = False) -> Path:
     return out
 
 
+def versions() -> dict:
+    """The versions of Python and of the libraries a run depends on."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("fedprob", "jax", "numpyro", "optax", "arviz", "numpy"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def federation_info(fed, description: str = "") -> dict:
+    """Client sizes and per-client label counts (classification) of a FederatedData, with a description."""
+    sizes = [int(n) for n in np.asarray(fed.sizes)]
+    out = {"num_clients": int(fed.num_clients), "sizes": sizes, "description": description}
+    C = getattr(fed, "num_classes", None)
+    if C:
+        counts = []
+        for k in range(fed.num_clients):
+            y = np.asarray(fed.y[k])[:sizes[k]].astype(int)
+            counts.append(np.bincount(y, minlength=C)[:C].tolist())
+        out["label_counts"] = counts
+    return out
+
+
+def run_info(result, federation: Optional[dict] = None) -> dict:
+    import time
+
+    return {"algorithm": repr(result.algorithm), "federation": federation or {
+                "num_clients": int(result.context.num_clients),
+                "sizes": [int(n) for n in np.asarray(result.context.client_sizes)]},
+            "versions": versions(), "saved": time.time()}
+
+
 def run_record(result, name: Optional[str] = None, config: Optional[dict] = None,
-               total_time: Optional[float] = None, num_draws: int = 400) -> dict:
-    """A run as the dict :func:`fedprob.report.html_report` reads, from an in-memory Result."""
+               total_time: Optional[float] = None, num_draws: int = 400, federation: Optional[dict] = None) -> dict:
+    """A run as the dict :func:`fedprob.report.html_report` reads, from an in-memory Result.
+
+    federation: :func:`federation_info` of the data the run used (default: the client sizes only).
+    """
     table = result.diagnostics(warn=False)
     return {"name": name or type(result.algorithm).__name__, "config": config or {},
             "history": _jsonable(result.history), "metrics": final_metrics(result, total_time),
             "idata": result.to_arviz(num_draws=num_draws), "diagnostics": _jsonable(table.rows),
-            "warnings": table.notes}
+            "warnings": table.notes, "info": _jsonable(run_info(result, federation))}
 
 
 def save_run(out, result, config: Optional[dict] = None, total_time: Optional[float] = None,
-             name: Optional[str] = None, overwrite: bool = False, num_draws: int = 400) -> Path:
+             name: Optional[str] = None, overwrite: bool = False, num_draws: int = 400,
+             federation: Optional[dict] = None) -> Path:
     """Write ``result`` as a run directory (layout in the module docstring); returns its path."""
     from .toml_text import dumps
 
     out = prepare(out, overwrite)
-    rec = run_record(result, name, config, total_time, num_draws)
+    rec = run_record(result, name, config, total_time, num_draws, federation)
     if config:
         (out / "config.toml").write_text(dumps(config))
     (out / "name.txt").write_text(rec["name"] + "\n")
@@ -114,6 +159,7 @@ def save_run(out, result, config: Optional[dict] = None, total_time: Optional[fl
     D.to_netcdf(rec["idata"], out / "posterior.nc")
     (out / "diagnostics.json").write_text(json.dumps({"rows": rec["diagnostics"], "warnings": rec["warnings"]},
                                                      indent=1))
+    (out / "info.json").write_text(json.dumps(rec["info"], indent=1))
     return out
 
 
@@ -137,18 +183,22 @@ def load_run(path) -> dict:
     if (d / "diagnostics.json").exists():
         diag = json.loads((d / "diagnostics.json").read_text())
         rec["diagnostics"], rec["warnings"] = diag["rows"], diag["warnings"]
+    if (d / "info.json").exists():
+        rec["info"] = json.loads((d / "info.json").read_text())
     return rec
 
 
 def load_runs(path) -> list:
-    """The run directory ``path``, or every run directory directly inside it (sorted by name)."""
+    """The run directory ``path``, or every run directory directly inside it, in the order they were saved
+    (by name where a directory does not say when)."""
     d = Path(path)
     if is_run_dir(d):
         return [load_run(d)]
     runs = sorted(p for p in d.iterdir() if p.is_dir() and is_run_dir(p)) if d.is_dir() else []
     if not runs:
         raise ValueError(f"{d} is not a run directory (no history.json) and holds none")
-    return [load_run(p) for p in runs]
+    recs = [load_run(p) for p in runs]
+    return sorted(recs, key=lambda r: (r.get("info", {}).get("saved", math.inf), r["name"]))
 
 
-__all__ = ["save_run", "load_run", "load_runs", "run_record", "posterior_arrays", "prepare", "is_run_dir"]
+__all__ = ["save_run", "federation_info", "versions", "run_info", "load_run", "load_runs", "run_record", "posterior_arrays", "prepare", "is_run_dir"]

@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 
 from .validation import check_choice, check_fraction
+from .names import CheckedKeywords
 
 STRAGGLER_POLICIES = ("truncate", "discard")
 
 
 @dataclasses.dataclass(frozen=True)
-class Stragglers:
+class Stragglers(CheckedKeywords):
     """Straggling clients of a run: ``rate`` in [0, 1), ``policy`` ``"truncate"`` or ``"discard"``,
     ``min_fraction`` in [0, 1): the least fraction of its local steps a straggler completes."""
 

@@ -42,4 +42,8 @@ def check_fraction(name: str, value, low_open: bool = False, high_open: bool = F
 def check_choice(name: str, value, choices) -> None:
     """ValueError unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        from .names import closest
+
+        best = closest(value, [c for c in choices if isinstance(c, str)])
+        guess = f"; did you mean {best!r}?" if best is not None else ""
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}{guess}")

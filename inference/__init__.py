@@ -11,3 +11,7 @@ from .iasg import IASG
 from .svi import SVI
 from .ivon import IVON, IVONInputs, IVONState, ivon_init, ivon_solve, ivon_step
 from .von import VON
+
+from fedprob.names import module_getattr as _module_getattr
+
+__getattr__ = _module_getattr(__name__, globals(), "client backend or attribute")

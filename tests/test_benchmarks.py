@@ -137,3 +137,12 @@ def test_overhead_benchmark_quick(tmp_path):
     assert row["run_s"]["best"] >= row["client_phase_s"]["best"]
     assert row["accuracy"] > 0.5
     assert (tmp_path / "overhead.json").exists()
+
+
+def test_first_result_quick():
+    """A small model's first fp.run, in a fresh process, costs at most twice NUTS on the pooled rows."""
+    rows = load_script("first_result").main(["--quick"])
+    assert [r["run"].split(",")[0] for r in rows] == ["NUTS (pooled rows)", "fp.run FedAvg"]
+    for r in rows:
+        assert positive_finite(float(r["cold_s"])) and positive_finite(float(r["warm_s"]))
+    assert rows[1]["cold / NUTS pooled"] <= 2.0 and rows[1]["warm_s"] < 1.0

@@ -1,4 +1,7 @@
 """The ArviZ shim: bulk/tail ESS and R-hat equal ArviZ's own; importance-sampling ESS; warnings."""
+import re
+import warnings
+
 import numpy as np
 import pytest
 
@@ -65,10 +68,11 @@ def test_gaussian_gap_and_warnings_name_the_client():
     assert diagnostics.gaussian_gap(bimodal) > 0.5
     rows = [{"scope": "client 3", **diagnostics.summarize(rng.normal(size=(4, 500, 2)) + np.arange(4)[:, None, None])},
             {"scope": "client 4", **diagnostics.summarize(rng.normal(size=(4, 500, 2)))}]
-    with pytest.warns(RuntimeWarning, match="client 3: R-hat") as rec:
+    with pytest.warns(RuntimeWarning) as rec:
         msgs = diagnostics.check(rows)
-    assert len(rec) == len(msgs)
-    assert msgs and all(m.startswith("client 3") for m in msgs)
+    assert len(rec) == len(msgs) and all("on 1 of 2 clients" in m and "(client 3)" in m for m in msgs)
+    assert any(re.match(r"R-hat above 1.05 on 1 of 2 clients, worst .* \(client 3\): .*run longer chains", m)
+               for m in msgs)
 
 
 def test_same_numbers_on_every_arviz_version():
@@ -78,3 +82,21 @@ def test_same_numbers_on_every_arviz_version():
     np.testing.assert_allclose(diagnostics.ess(x), [5.278487609245197, 5.447711620721946], rtol=1e-9)
     np.testing.assert_allclose(diagnostics.ess(x, "tail"), [19.118635081239887, 30.887569605468272], rtol=1e-9)
     np.testing.assert_allclose(diagnostics.rhat(x), [1.5631923999597712, 1.5320756605440689], rtol=1e-9)
+
+
+def test_check_warns_each_cause_once_per_run():
+    rng = np.random.default_rng(0)
+    bad = diagnostics.summarize(rng.normal(size=(4, 500, 2)) + np.arange(4)[:, None, None])
+    rows = [{"scope": f"client {k}", **bad} for k in range(10)] + [{"scope": "global", **bad}]
+    seen = set()
+    with pytest.warns(RuntimeWarning) as rec:
+        msgs = diagnostics.check(rows, seen=seen)
+    causes = len(rec)
+    assert causes == len(msgs) and any("on 10 of 10 clients" in m for m in msgs)
+    assert sum(m.startswith("global:") for m in msgs) == causes // 2        # global and clients per cause
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert diagnostics.check(rows, seen=seen) == msgs                   # the same notes, no second warning
+    healthy = diagnostics.summarize(rng.normal(size=(4, 500, 650)))         # 650 healthy coordinates
+    assert 1.0 < healthy["rhat"] < diagnostics.RHAT_WARN
+    assert diagnostics.check([{"scope": "client 0", **healthy}], warn=False) == []

@@ -51,13 +51,13 @@ def test_progress_reports_from_inside_a_chain():
     run = jax.jit(lambda k: SGLD.run(k, pot, target).posterior.draws)
     with progress.phase("test", enabled=False) as ph:
         jax.block_until_ready(run(jax.random.PRNGKey(0)))
-    assert ph.shown == 1000                                  # the chain reached its end
+    assert ph.shown == ph.total > 100                        # the chain reached its end, counted in steps
     assert 10 <= ph.reports <= 2 * progress.REPORTS          # coarse: not one report per step
     with progress.phase("two groups", groups=2, enabled=False) as ph:
         jax.block_until_ready(run(jax.random.PRNGKey(0)))
-        assert 400 <= ph.shown <= 500                        # the first of two sequential groups
+        assert 0.4 * ph.total <= ph.shown <= 0.5 * ph.total  # the first of two sequential groups
         jax.block_until_ready(run(jax.random.PRNGKey(1)))
-    assert ph.shown == 1000
+    assert ph.shown == ph.total
 
 
 def test_phase_without_progress_has_no_host_calls_and_the_same_draws():

@@ -16,3 +16,7 @@ from .bayes_admm import BayesADMM
 from .admm import ADMM
 from .feddyn import FedDyn
 from .fedlap_func import FedLapFunc
+
+from ..names import module_getattr as _module_getattr
+
+__getattr__ = _module_getattr(__name__, globals(), "algorithm or attribute")

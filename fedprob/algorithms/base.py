@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ..names import CheckedKeywords
 from ..potential import Potential
 
 
@@ -62,8 +63,9 @@ class Context:
         return self.potential.dim
 
 
-class Algorithm:
-    """Base class of federated algorithms (subclasses are frozen dataclasses)."""
+class Algorithm(CheckedKeywords):
+    """Base class of federated algorithms (subclasses are frozen dataclasses; an unknown keyword
+    argument is a TypeError naming the closest field, :class:`fedprob.names.CheckedKeywords`)."""
 
     default_rounds: int = 1
 

@@ -58,6 +58,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..names import check_name, checked_keywords, unknown
 from .federated import FederatedData, check_xy
 
 SCHEMES = ("iid", "dirichlet", "label_sort", "shards", "groups", "feature_sort")
@@ -77,6 +78,7 @@ _OPTIONS = {
 _UNSET = object()
 
 
+@checked_keywords
 def partition(X, y, num_clients: Optional[int] = None, scheme: str = "iid", *, seed: int = 0,
               num_classes: Optional[int] = None, alpha=_UNSET, alpha_size=_UNSET, min_size=_UNSET,
               heterogeneity=_UNSET, classes_per_client=_UNSET, groups=_UNSET,
@@ -106,9 +108,9 @@ def partition_indices(X, y, num_clients: Optional[int] = None, scheme: str = "ii
     Returns a list of ``num_clients`` int64 arrays that together hold every
     index in ``range(len(y))`` exactly once. Same arguments as :func:`partition`.
     """
-    unknown = sorted(set(options) - set(_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown partition option(s) {unknown}; known: {sorted(_OPTIONS)}")
+    for key in options:
+        if key not in _OPTIONS:
+            raise ValueError(unknown("partition option", key, _OPTIONS))
     opts = {k: options.get(k, _UNSET) for k in _OPTIONS}
     parts, _, _ = _plan(np.asarray(X), np.asarray(y), num_clients, scheme, seed, num_classes, opts)
     return parts
@@ -182,7 +184,7 @@ def _check_positive(name: str, v) -> float:
 def _plan(X, y, num_clients, scheme, seed, num_classes, opts):
     """Validate everything, then return (list of index arrays, labels to store, num_classes)."""
     if scheme not in SCHEMES:
-        raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+        check_name("scheme", scheme, SCHEMES)
     o = _resolve_options(scheme, opts)
     if y.ndim == 0:
         raise ValueError("y must have one entry per row, got a scalar")

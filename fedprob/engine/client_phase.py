@@ -75,12 +75,12 @@ def run(algorithm, ctx, data, server_state, round_key, client_chunk: Optional[in
     K = ctx.num_clients
     _, keys = local.select(K, K, round_key)                     # the round's keys, M == K
     start_key = jax.random.fold_in(server_state.key, 1)         # as OneRoundAlgorithm.client_update
-    fn, compile_s = compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk, reports=show)
     groups = 1 if client_chunk is None or client_chunk >= K else math.ceil(K / client_chunk)
-    t0 = time.perf_counter()
     with prog.phase(f"{type(algorithm).__name__} clients", groups, show) as ph:
-        if ph.bar is not None:
-            ph.bar.set_postfix({"compile_s": f"{compile_s:.1f}"})
+        ph.compiling()
+        fn, compile_s = compiled_phase(algorithm, ctx, data, keys, start_key, client_chunk, reports=show)
+        ph.running(compile_s)
+        t0 = time.perf_counter()
         results = jax.block_until_ready(fn(data, keys, start_key))
     info = {"client_phase_compile_s": compile_s, "client_phase_s": time.perf_counter() - t0}
     return FromClientPhase(algorithm), PhaseData(data.X, data.y, data.n, results), info

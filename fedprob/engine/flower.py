@@ -215,6 +215,9 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     """``fp.run`` on a local Flower simulation (see the module docstring); returns a ``Result``."""
     import time
 
+    from ..extras import require
+
+    require("flower", "fp.run(..., engine=fp.engine.Flower()) (a Flower simulation)")   # before any work
     from flwr.simulation import run_simulation
 
     from ..data.federated import check_eval_data

@@ -13,10 +13,11 @@ from typing import Optional
 
 import jax
 import numpy as np
+from ..names import CheckedKeywords
 
 
 @dataclasses.dataclass(frozen=True)
-class Local:
+class Local(CheckedKeywords):
     """The local engine (the default of ``fp.run``).
 
     devices: the JAX devices to shard the clients over (default
