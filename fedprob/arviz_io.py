@@ -2,7 +2,8 @@
 
 Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
 
-* ``posterior``: the global posterior, every NumPyro site constrained, dims
+* ``posterior``: the global posterior, every NumPyro site constrained (and
+  every deterministic site outside the data plate), dims
   ``(chain, draw, *site dims)``. A Gaussian global posterior gives
   ``num_chains`` chains of independent draws (for FedPA, of its diagonal
   Gaussian approximation at the server point); an ensemble gives each client
@@ -133,7 +134,7 @@ def global_chains(result, num_draws: int, num_chains: int, seed: int):
 
 
 def _constrain_impl(potential, z):
-    return jax.vmap(potential.constrain)(z)
+    return jax.vmap(potential.constrain_all)(z)
 
 
 _constrain_jit = jax.jit(_constrain_impl, static_argnums=0)
@@ -236,7 +237,8 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                                   "not take part; excluded: its update was not finite and left out"})
     ev = eval_data if eval_data is not None else result.eval_data
     if ev is not None:
-        X, y = np.asarray(ev[0], np.float32), np.asarray(ev[1])
+        X, y = np.asarray(ev[0]), np.asarray(ev[1])
+        X = X.astype(np.int32 if np.issubdtype(X.dtype, np.integer) else np.float32)   # indices stay integer
         groups["observed_data"] = D._dataset({"y": y}, lead=("obs",) + tuple(f"y_dim_{i}" for i in range(y.ndim - 1)),
                                              attrs={"description": "the evaluation targets"})
         key = jax.random.PRNGKey(seed + 1)

@@ -191,7 +191,9 @@ class GlobalPosterior:
     ``form`` is :class:`Samples` (draws, ``(S, d)``) or :class:`Gaussian`
     (unbatched). ``mean`` is a dict of constrained sites: for samples, the
     mean of the constrained draws; for a Gaussian, the constrained image of
-    its mean (exact for unconstrained sites). ``predict(X)`` is the
+    its mean (exact for unconstrained sites); ``mean`` and ``sample`` also
+    carry the model's ``numpyro.deterministic`` sites outside the data plate,
+    computed from the same values. ``predict(X)`` is the
     posterior predictive: class probabilities (n, C), or a tuple (mean,
     variance) with observation noise included. A Gaussian is averaged over
     ``num_predictive_draws`` draws. ``log_predictive_density(X, y)`` is the
@@ -219,8 +221,8 @@ class GlobalPosterior:
     @property
     def mean(self) -> dict:
         if isinstance(self.form, Gaussian):
-            return self.potential.constrain(self.form.mean())
-        vals = jax.vmap(self.potential.constrain)(self.form.draws)
+            return self.potential.constrain_all(self.form.mean())
+        vals = jax.vmap(self.potential.constrain_all)(self.form.draws)
         return {k: jnp.mean(v, 0) for k, v in vals.items()}
 
     @property
@@ -248,8 +250,8 @@ class GlobalPosterior:
         return self.form.sample(key, n)
 
     def sample(self, key, n: int) -> dict:
-        """dict site -> (n, ...) constrained draws."""
-        return jax.vmap(self.potential.constrain)(self.flat_sample(key, n))
+        """dict site -> (n, ...) constrained draws (deterministic sites outside the data plate included)."""
+        return jax.vmap(self.potential.constrain_all)(self.flat_sample(key, n))
 
     def _predictive_draws(self, prediction: Optional[str] = None) -> Array:
         prediction = self.prediction if prediction is None else prediction

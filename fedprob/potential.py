@@ -131,6 +131,8 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
             tr = handlers.trace(handlers.seed(model, 0)).get_trace(X, y, **model_kwargs)
         for name, site in tr.items():
             entry = {"type": site["type"]}
+            if site["type"] == "deterministic":
+                entry["in_data_plate"] = _in_data_plate(site) is not None
             if site["type"] == "plate":
                 size, subsample_size = site["args"]    # numpyro records (size, subsample_size)
                 entry.update(size=int(size),
@@ -203,8 +205,13 @@ class Potential:
         self.model_kwargs = dict(model_kwargs or {})
         X = jnp.asarray(X)[:2]
         y = jnp.asarray(y)[:2]
+        # one real row of inputs: the model is traced at it wherever no data is given (the prior,
+        # constrain, init), never at invented zeros, so a model that reads a scale or an index
+        # from its inputs sees a valid value
+        self._row_X = np.asarray(X[:1])
+        self._row_y = np.asarray(y[:1])
         info = _abstract_trace(model, X, y, self.model_kwargs)
-        sites, observed, deterministic, real_sites, prior_factors = [], [], [], [], []
+        sites, observed, deterministic, real_sites, prior_factors, factors = [], [], [], [], [], []
         offset = 0
         has_plate = False
         for name, site in info.items():
@@ -224,7 +231,7 @@ class Potential:
                 raise ValueError(
                     f"site '{name}' is a numpyro.param; fedprob needs every parameter as a "
                     "numpyro.sample site with a prior")
-            if site["type"] == "deterministic":
+            if site["type"] == "deterministic" and not site["in_data_plate"]:
                 deterministic.append(name)
             if site["type"] != "sample":
                 continue
@@ -252,6 +259,8 @@ class Potential:
                         f"observed site '{name}' is discrete with event shape {site['event_shape']} inside "
                         f"the '{DATA_PLATE}' plate; give one label per row (drop `.to_event(...)`)")
                 observed.append(name)
+                if site["is_factor"]:
+                    factors.append(name)
                 continue
             if in_plate:
                 raise ValueError(
@@ -277,6 +286,10 @@ class Potential:
         self._real_mask = np.concatenate([np.full(s.size, r) for s, r in zip(sites, real_sites)])
         self.observed = tuple(observed)
         self.prior_factors = tuple(prior_factors)
+        #: ``numpyro.factor`` sites inside the data plate: a likelihood with no predictive distribution
+        self.likelihood_factors = tuple(factors)
+        #: ``numpyro.deterministic`` sites outside the data plate: functions of the parameters alone,
+        #: reported beside the latent sites by :meth:`constrain_all` (per-row ones depend on inputs)
         self.deterministic = tuple(deterministic)
         self.dim = offset
         self.site_names = tuple(s.name for s in sites)
@@ -322,16 +335,24 @@ class Potential:
         # values pushed through each site's transform in model order.
         u = self.unravel(z)
         values = {}
-        X = jnp.zeros((1,) + self.x_shape) if X is None else X
-        tr = self._trace_with(u, X, None, values)
+        y = self.example_y() if X is None else None
+        X = self.example_X() if X is None else X
+        tr = self._trace_with(u, X, y, values)
         return {s.name: tr[s.name]["value"] for s in self.sites}
+
+    def constrain_all(self, z: Array) -> dict:
+        """:meth:`constrain` plus every deterministic site outside the data plate (one trace)."""
+        u = self.unravel(z)
+        tr = self._trace_with(u, self.example_X(), self.example_y(), {})
+        names = self.site_names + self.deterministic
+        return {name: tr[name]["value"] for name in names}
 
     def unconstrain(self, params: dict) -> Array:
         """Dict of constrained site values -> flat unconstrained vector."""
-        X = jnp.zeros((1,) + self.x_shape)
+        X = self.example_X()
         with handlers.block():
             tr = handlers.trace(handlers.substitute(handlers.seed(self.model, 0), data=params)).get_trace(
-                X, None, **self.model_kwargs)
+                X, self.example_y(), **self.model_kwargs)
         return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(params[s.name])
                            for s in self.sites})
 
@@ -382,9 +403,17 @@ class Potential:
 
     def log_prior(self, z: Array) -> Array:
         """log p0(z) in unconstrained space (Jacobian included)."""
-        X = jnp.zeros((1,) + self.x_shape)
-        y = jnp.zeros((1,) + self.y_shape, dtype=self._y_dtype())
-        return self._terms(z, X, y, jnp.zeros((1,)))[0]
+        # a real row at weight 0: the likelihood term vanishes and stays finite
+        return self._terms(z, self.example_X(), self.example_y(), jnp.zeros((1,)))[0]
+
+    def example_X(self):
+        """One real input row, (1, ...): where the model is traced when no data is at hand."""
+        return jnp.asarray(self._row_X)
+
+    def example_y(self):
+        """The target row of :meth:`example_X`, (1, ...): observed there, so a model whose
+        likelihood needs ``y`` (a ``numpyro.factor``) traces without data too."""
+        return jnp.asarray(self._row_y)
 
     def _y_dtype(self):
         return jnp.int32 if self.task in ("classification", "count") else jnp.result_type(float)
@@ -422,9 +451,9 @@ class Potential:
     # -- initialisation ---------------------------------------------------------------------
     def sample_prior(self, key: Array) -> Array:
         """One draw of every latent site from the prior, as a flat unconstrained vector."""
-        X = jnp.zeros((1,) + self.x_shape)
+        X = self.example_X()
         with handlers.block():
-            tr = handlers.trace(handlers.seed(self.model, key)).get_trace(X, None, **self.model_kwargs)
+            tr = handlers.trace(handlers.seed(self.model, key)).get_trace(X, self.example_y(), **self.model_kwargs)
         return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"])
                            for s in self.sites})
 
@@ -504,10 +533,10 @@ class Potential:
             out[name] = u
             return t(u)
 
-        X = jnp.zeros((1,) + self.x_shape)
+        X = self.example_X()
         with handlers.block():
             handlers.trace(handlers.substitute(handlers.seed(self.model, 0),
-                                               substitute_fn=substitute_fn)).get_trace(X, None, **self.model_kwargs)
+                                               substitute_fn=substitute_fn)).get_trace(X, self.example_y(), **self.model_kwargs)
         return self.ravel(out)
 
     # -- prediction -----------------------------------------------------------------------

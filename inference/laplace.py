@@ -26,7 +26,10 @@ minibatch):
   link (linear ``eta``) the GGN equals the Hessian. Rows are processed
   ``chunk_size`` at a time (Jacobian memory ``chunk_size * K * d``), each
   row's Jacobian by K reverse passes (or d forward passes over the chunk when
-  ``d <= K``).
+  ``d <= K``). Where no closed form exists (another likelihood, a mask, a
+  ``numpyro.factor``, several observed sites: :func:`ggn_supported`) the
+  exact curvature is used instead ("full" / "diag"), so any likelihood
+  NumPyro can score has a Laplace client.
 
 Guard: precisions below ``min_precision`` (diagonal entries, or eigenvalues
 of a full matrix) are raised to it; their count is ``num_clipped``.
@@ -215,6 +218,29 @@ def _check_ggn(potential) -> None:
                          f"{list(potential.observed)}; use hessian='full' or 'diag'")
 
 
+def ggn_supported(potential) -> bool:
+    """True when the closed-form GGN applies: one observed site whose distribution
+    :func:`natural_parameters` knows (checked abstractly at one real row, no FLOPs). Otherwise
+    (a Student-t, a zero-inflated or masked likelihood, a ``numpyro.factor``, several observed
+    sites) :func:`curvature` uses the exact Hessian of the same target instead."""
+    cached = getattr(potential, "_ggn_supported", None)
+    if cached is not None:
+        return cached
+    ok = len(potential.observed) == 1
+    if ok:
+        try:
+            jax.eval_shape(lambda z: natural_parameters(
+                potential.predictive_distribution(z, potential.example_X()))[0],
+                jax.ShapeDtypeStruct((potential.dim,), jnp.float32))
+        except (ValueError, TypeError, NotImplementedError, AttributeError):
+            ok = False
+    try:
+        potential._ggn_supported = ok
+    except AttributeError:
+        pass
+    return ok
+
+
 def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_size: int = 32):
     """``sum_i w_i J_i' H_i J_i`` over rows (see the module docstring), (d, d) or (d,).
 
@@ -279,9 +305,14 @@ def curvature(potential, target, z, hessian: str = "full", chunk_size: int = 32,
     exact prior and Gaussian-term curvature for "ggn"/"diag_ggn". With a
     ``key``, "diag" is :func:`hessian_diag_estimate` (exact up to
     ``EXACT_DIAG_MAX_DIM`` parameters, a Hutchinson estimate above).
+    Where no closed-form GGN exists (:func:`ggn_supported` is False) "ggn"
+    is "full" and "diag_ggn" is "diag": the exact curvature of the same
+    target, so every likelihood NumPyro can score has a Laplace client.
     """
     if hessian not in HESSIANS:
         raise ValueError(f"unknown hessian '{hessian}' (use one of {HESSIANS})")
+    if hessian in ("ggn", "diag_ggn") and not ggn_supported(potential):
+        hessian = "full" if hessian == "ggn" else "diag"
 
     def neg_log_density(x):
         return -potential.log_density(x, target)
@@ -369,8 +400,6 @@ class Laplace(ClientBackend):
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
 
     def run(self, key, potential, target, init) -> ClientResult:
-        if self.hessian in ("ggn", "diag_ggn"):
-            _check_ggn(potential)
         opt = minimize(potential, target, init, key=key, num_steps=self.num_steps,
                        optimizer=self.optimizer, learning_rate=self.learning_rate,
                        batch_size=self.batch_size)

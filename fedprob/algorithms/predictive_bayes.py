@@ -135,6 +135,27 @@ def pool_beta(task: str, product, mixture, beta):
     return (beta * m1 / v1 + (1.0 - beta) * m2 / v2) / lam, 1.0 / lam
 
 
+def check_predictive(potential, method: str) -> None:
+    """ValueError unless ``potential``'s likelihood has a predictive distribution at new inputs
+    (its class probabilities, or its mean and variance): a ``numpyro.factor`` likelihood, or an
+    observation distribution without moments, has none."""
+    if potential.likelihood_factors:
+        raise ValueError(
+            f"{method} multiplies the clients' predictive distributions p(y | x, D_k), but the likelihood "
+            f"is a numpyro.factor (site(s) {list(potential.likelihood_factors)}): a factor scores the "
+            "data and defines no distribution of y at new inputs. Write the likelihood as "
+            "numpyro.sample(..., obs=y), or use a parameter-space method (e.g. FedPA, EPMCMC, PVI)")
+    try:
+        jax.eval_shape(lambda z: potential.predict(z, potential.example_X()),
+                       jax.ShapeDtypeStruct((potential.dim,), jnp.float32))
+    except (NotImplementedError, AttributeError) as e:
+        fn = type(potential.predictive_distribution(jnp.zeros((potential.dim,)), potential.example_X()))
+        raise ValueError(
+            f"{method} needs the predictive mean and variance of the likelihood, and NumPyro's "
+            f"{fn.__name__} (site '{potential.observed[0]}') does not provide them "
+            f"({type(e).__name__}: {e}); use a parameter-space method (e.g. FedPA, EPMCMC, PVI)") from e
+
+
 # -- prior predictive ------------------------------------------------------------------------------
 
 @partial(jax.jit, static_argnums=0)
@@ -358,6 +379,10 @@ class PredictiveBayes(OneRoundAlgorithm):
 
     def make_message(self, ctx, result, key):
         return {"draws": result_draws(result, key, self.num_samples)}
+
+    def check_message(self, ctx, shapes) -> None:
+        """Refuse, before anything runs, a likelihood with no predictive distribution to multiply."""
+        check_predictive(ctx.potential, "PredictiveBayes")
 
     def posterior(self, ctx: Context, server_state, client_states) -> PredictiveBayesPosterior:
         msgs, sizes, ids = self.received(server_state)

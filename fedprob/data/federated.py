@@ -47,7 +47,8 @@ def check_model_labels(y, num_classes, what: str) -> None:
 
 
 def check_eval_data(eval_data, potential):
-    """``(X, y)`` of ``eval_data`` checked against ``potential``'s row shapes and labels (X as float32);
+    """``(X, y)`` of ``eval_data`` checked against ``potential``'s row shapes and labels (X as int32 if
+    integer, else float32);
     None when ``eval_data`` is None."""
     if eval_data is None:
         return None
@@ -61,7 +62,7 @@ def check_eval_data(eval_data, potential):
         raise ValueError(f"eval_data y rows have shape {y.shape[1:]}, the federation's have {potential.y_shape}")
     if potential.task == "classification":
         check_model_labels(y, potential.num_classes, "eval_data")
-    return X.astype(np.float32), y
+    return (X.astype(np.int32) if np.issubdtype(X.dtype, np.integer) else X.astype(np.float32)), y
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +125,9 @@ class FederatedData:
             out[a.shape[0]:] = a[:1]
             return out
 
-        X = np.stack([pad(x, dtype) for x in Xs])
+        # integer inputs (group indices, counts, totals) stay integer: a model indexes with them
+        xdt = np.int32 if all(np.issubdtype(x.dtype, np.integer) or x.dtype == bool for x in Xs) else dtype
+        X = np.stack([pad(x, xdt) for x in Xs])
         y = np.stack([pad(v, ydt) for v in ys])
         return cls(X, y, sizes, num_classes)
 

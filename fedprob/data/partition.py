@@ -85,7 +85,7 @@ def partition(X, y, num_clients: Optional[int] = None, scheme: str = "iid", *, s
               feature=_UNSET) -> FederatedData:
     """Split ``(X, y)`` over ``num_clients`` clients with ``scheme``; see the module docstring.
 
-    Returns ``FederatedData.from_clients(...)``: X as float32, y as int32 for
+    Returns ``FederatedData.from_clients(...)``: X as float32 (int32 if integer), y as int32 for
     classification (``num_classes`` set) and float32 for regression.
     Deterministic given ``seed``. Raises ValueError on bad input before any
     work: NaN/inf, mismatched lengths, ``num_clients`` outside [1, rows],
