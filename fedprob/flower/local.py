@@ -54,9 +54,11 @@ def _exe(name: str) -> str:
 
 
 def supernode_command(superlink: str, node_config: str, root_certificates=None, auth_key=None,
-                      insecure: bool = False, port=None) -> list:
-    cmd = [_exe("flower-supernode"), "--superlink", superlink, "--node-config", node_config,
-           "--port", str(port or free_port())]
+                      insecure: bool = False, port=None, prompt: bool = False) -> list:
+    """Flower's SuperNode command line; ``prompt=True`` runs it through :mod:`.polling`, which
+    shortens the SuperNode's fixed 3 s wait between pulls."""
+    exe = [sys.executable, "-m", "fedprob.flower.polling"] if prompt else [_exe("flower-supernode")]
+    cmd = exe + ["--superlink", superlink, "--node-config", node_config, "--port", str(port or free_port())]
     if insecure:
         cmd.append("--insecure")
     else:
@@ -85,7 +87,7 @@ def supernode(superlink: str, data_path, root_certificates=None, auth_key=None, 
     listener = Listener(("127.0.0.1", 0), authkey=key)
     host, wport = listener.address
     config = f"data-path='{Path(data_path).resolve()}' worker='{host}:{wport}' worker-key='{key.hex()}'"
-    cmd = supernode_command(superlink, config, root_certificates, auth_key, insecure, port)
+    cmd = supernode_command(superlink, config, root_certificates, auth_key, insecure, port, prompt=True)
     proc = subprocess.Popen(cmd, env=flower_env(), stdout=log, stderr=subprocess.STDOUT if log else None,
                             start_new_session=True)
     t = threading.Thread(target=serve, args=(str(data_path), listener), daemon=True)
