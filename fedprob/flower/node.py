@@ -88,6 +88,9 @@ class NodeCompute:
         import jax
         import jax.numpy as jnp
 
+        import time
+
+        t0 = time.perf_counter()
         K, sizes, n_max = int(meta["K"]), tuple(int(s) for s in meta["sizes"]), int(meta["n_max"])
         if sizes[int(meta["client"])] != self.rows["X"].shape[0]:
             raise ValueError(f"the server expects {sizes[int(meta['client'])]} rows for client "
@@ -105,7 +108,8 @@ class NodeCompute:
         key = jnp.asarray(arrays["key"][0])
         out = fn(server, client, key)
         leaves = [np.asarray(a) for a in jax.tree_util.tree_leaves(out)]
-        return {"meta": {"client": int(meta["client"]), "round": int(meta["round"])},
+        return {"meta": {"client": int(meta["client"]), "round": int(meta["round"]),
+                         "compute_s": time.perf_counter() - t0},
                 "arrays": {"reply": leaves}}
 
 

@@ -10,7 +10,8 @@ connected SuperNodes (one client per node), streams one line per round to
 when it loads on the server (``[flower] evaluate``), and writes the run
 directory ``fedprob run`` writes (``fedprob report`` reads it), plus
 ``deployment.json``: the node ids, set-up and per-round seconds, the array
-bytes sent to and received from the nodes per round, and the shape of every
+bytes sent to and received from the nodes per round, the longest node
+computation per round (``node_compute_s``: the rest of a round is Flower's), and the shape of every
 array each reply carried.
 """
 from __future__ import annotations
@@ -60,6 +61,7 @@ def run(grid, text: str, out_dir: str):
         **strat.timings, "round_s": [h["time"] for h in strat.history],
         "bytes_sent": [h["bytes_sent"] for h in strat.history],
         "bytes_received": [h["bytes_received"] for h in strat.history],
+        "node_compute_s": [h["node_compute_s"] for h in strat.history],
         "reply_shapes": [[r, k, [list(s) for s in shapes]] for r, k, shapes in strat.reply_shapes]}, indent=1))
     last = result.history[-1] if result.history else {}
     shown = {k: f"{v:.4g}" for k, v in last.items() if k in ("accuracy", "nll", "rmse")}

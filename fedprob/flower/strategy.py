@@ -279,7 +279,7 @@ class FedprobStrategy(Strategy):
     def aggregate_train(self, server_round, replies):
         r, k_r, idx, ids = self._round
         client_of = {m.metadata.message_id: k for m, k in zip(self._pending, ids)}
-        got, errors, quarantined, received = {}, {}, [], 0
+        got, errors, quarantined, received, compute = {}, {}, [], 0, {}
         for m in replies:
             k = client_of.get(m.metadata.reply_to_message_id)
             if k is None:
@@ -290,6 +290,8 @@ class FedprobStrategy(Strategy):
             leaves = m.content["reply"].to_numpy_ndarrays() if "reply" in m.content.array_records else []
             self.reply_shapes.append((r + 1, k, [tuple(np.shape(a)) for a in leaves]))
             received += sum(np.asarray(a).nbytes for a in leaves)
+            if "meta" in m.content.config_records:
+                compute[k] = float(json.loads(m.content["meta"]["json"]).get("compute_s", np.nan))
             try:
                 got[k] = _tree(leaves, self.like, f"client {k}'s reply")
             except ValueError as e:
@@ -318,6 +320,7 @@ class FedprobStrategy(Strategy):
                                                        jnp.asarray(self.sizes), k_r)
         entry = {"round": r + 1, "time": time.perf_counter() - self._t_round,
                  "bytes_sent": self._sent_bytes, "bytes_received": received,
+                 "node_compute_s": max(compute.values(), default=float("nan")),
                  **local.round_record(info, r + 1, self.ctx.num_clients, self.faults, self.privacy)}
         if missing:
             entry["missing"] = missing
