@@ -189,6 +189,11 @@ def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     return data.X[idx], data.y[idx], w.astype(jnp.result_type(float))
 
 
+def _first_rows(a, n: int):
+    """The first ``n`` rows of ``a``: a NumPy array, or a slice of ``a`` when it is a tracer."""
+    return a[:n] if isinstance(a, jax.core.Tracer) else np.asarray(a)[:n]
+
+
 class Potential:
     """Flat log density of a NumPyro model (see the module docstring).
 
@@ -203,13 +208,13 @@ class Potential:
     def __init__(self, model: Callable, X, y, model_kwargs: Optional[dict] = None):
         self.model = model
         self.model_kwargs = dict(model_kwargs or {})
-        X = jnp.asarray(X)[:2]
-        y = jnp.asarray(y)[:2]
         # one real row of inputs: the model is traced at it wherever no data is given (the prior,
         # constrain, init), never at invented zeros, so a model that reads a scale or an index
-        # from its inputs sees a valid value
-        self._row_X = np.asarray(X[:1])
-        self._row_y = np.asarray(y[:1])
+        # from its inputs sees a valid value (a concrete row unless the data are themselves traced)
+        self._row_X = _first_rows(X, 1)
+        self._row_y = _first_rows(y, 1)
+        X = jnp.asarray(X)[:2]
+        y = jnp.asarray(y)[:2]
         info = _abstract_trace(model, X, y, self.model_kwargs)
         sites, observed, deterministic, real_sites, prior_factors, factors = [], [], [], [], [], []
         offset = 0
