@@ -237,13 +237,14 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                                   "not take part; excluded: its update was not finite and left out"})
     ev = eval_data if eval_data is not None else result.eval_data
     if ev is not None:
-        X, y = np.asarray(ev[0]), np.asarray(ev[1])
-        X = X.astype(np.int32 if np.issubdtype(X.dtype, np.integer) else np.float32)   # indices stay integer
+        from . import inputs
+
+        X, y = inputs.normalize(ev[0]), np.asarray(ev[1])                 # indices stay integer
         groups["observed_data"] = D._dataset({"y": y}, lead=("obs",) + tuple(f"y_dim_{i}" for i in range(y.ndim - 1)),
                                              attrs={"description": "the evaluation targets"})
         key = jax.random.PRNGKey(seed + 1)
         if z is not None and kind != "point estimate":
-            ll, yrep = _per_draw(pot, jnp.asarray(z), jnp.asarray(X), jnp.asarray(y), key)
+            ll, yrep = _per_draw(pot, jnp.asarray(z), inputs.tree_map(jnp.asarray, X), jnp.asarray(y), key)
             groups["log_likelihood"] = D._dataset({"y": ll}, dims={"y": ["obs"]}, attrs={
                 "description": "pointwise log p(y_i | x_i, theta) of each global posterior draw on the evaluation set"})
             groups["posterior_predictive"] = D._dataset({"y": yrep}, dims={"y": ["obs"]}, attrs={
