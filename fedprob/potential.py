@@ -163,9 +163,12 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
     except (TypeError, ValueError) as e:
         raise ValueError(
             f"tracing the model on {inputs.num_rows(X)} rows failed ({type(e).__name__}: {e}). fedprob calls "
-            f"the model with client data of any number of rows: size the '{DATA_PLATE}' plate and "
-            f"every per-row array by X.shape[0] (`numpyro.plate('{DATA_PLATE}', X.shape[0])`), never "
-            "by a fixed number") from e
+            f"the model with client data of any number of rows (a client's, a minibatch, one row): size "
+            f"the '{DATA_PLATE}' plate and every per-row array by the rows of the inputs "
+            f"(`numpyro.plate('{DATA_PLATE}', X.shape[0])`). Any other size the model takes from the data "
+            "(the number of groups, schools, classes, a plate that is not the rows) must not be computed from "
+            "the inputs, which hold one client's rows: make it a model argument, "
+            "`def model(X, y=None, num_groups=8)` with `fp.run(..., model_kwargs={'num_groups': 8})`") from e
     return out
 
 

@@ -203,3 +203,18 @@ def test_tuple_and_dict_inputs_keep_their_dtypes_and_match_pooled_nuts():
     assert fed_c.client_sizes.tolist() == [30, 60] and fed_c.X[0].dtype == np.int32
     with pytest.raises(ValueError, match="different numbers of rows"):
         fp.data.partition((dept, male[:10], apps), admit, num_clients=3)
+
+
+def test_a_plate_sized_from_the_data_gets_a_model_argument_hint():
+    def grouped(X, y=None):
+        num_groups = int(X[:, 0].max()) + 1          # read from the rows: one client holds only some groups
+        with numpyro.plate("groups", num_groups):
+            a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(a[X[:, 0]], 1.0), obs=y)
+
+    X = np.stack([np.arange(12) % 4, np.zeros(12, int)], 1)
+    fed = fp.data.partition(X, np.zeros(12, np.float32), num_clients=2, seed=0)
+    with pytest.raises(ValueError, match="model argument") as e:
+        fp.run(fp.algorithms.PVI(), grouped, fed, progress=False)
+    assert "model_kwargs" in str(e.value)
