@@ -340,7 +340,7 @@ def diagnostics_rows(result, num_draws: int = 1000, seed: int = 0) -> list:
             break
         r = {"scope": f"client {k}", "kind": "client"}
         r.update(per_client.get(k, {}))
-        if khat is not None and np.isfinite(khat[k]):
+        if khat is not None and not np.isnan(khat[k]):
             r["khat"] = float(khat[k])
         for n in ("accept_prob", "num_divergences", "step_size", "noise_ratio", "grad_noise_ratio"):
             if n in last and np.isfinite(last[n][k]):

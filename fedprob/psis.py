@@ -70,10 +70,11 @@ def gpd_fit(x):
     return k_post, sigma
 
 
-def pareto_khat(log_w):
+def pareto_khat(log_w, tol=0.0):
     """PSIS k-hat of log importance ratios ``log_w`` (S,); non-finite ratios count as 0 weight.
 
-    Equal ratios (the proposal is the target) give k-hat ``-inf``; no finite ratio at all (every draw
+    Equal ratios (the proposal is the target: tail log ratios within ``tol`` of each other, the
+    rounding error of the log densities) give k-hat ``-inf``; no finite ratio at all (every draw
     where the target is 0 or not finite) gives ``inf``.
     """
     log_w = jnp.asarray(log_w)
@@ -85,7 +86,15 @@ def pareto_khat(log_w):
     x = jnp.exp(lw[S - M:]) - jnp.exp(cutoff)                          # exceedances over the cutoff
     x = jnp.maximum(x, 0.0)
     k, _ = gpd_fit(x)
-    return jnp.where(jnp.isfinite(lw[-1]), jnp.where(x[-1] > 0, k, -jnp.inf), jnp.inf)
+    equal = lw[-1] - cutoff <= tol
+    return jnp.where(jnp.isfinite(lw[-1]), jnp.where(equal | (x[-1] <= 0), -jnp.inf, k), jnp.inf)
+
+
+def rounding(*log_densities):
+    """The rounding error of log densities of their typical (median) size: a tolerance for equal ratios."""
+    big = sum(jnp.nanmedian(jnp.where(jnp.isfinite(a), jnp.abs(a), jnp.nan)) for a in log_densities)
+    big = jnp.where(jnp.isfinite(big), big, 0.0)
+    return 100.0 * jnp.finfo(log_densities[0].dtype).eps * big
 
 
 def gaussian_khat(key, potential, q, target, num_draws: int = NUM_DRAWS):
@@ -94,7 +103,7 @@ def gaussian_khat(key, potential, q, target, num_draws: int = NUM_DRAWS):
     z = q.sample(key, num_draws)
     log_pi = jax.lax.map(lambda zz: potential.log_density(zz, target), z, batch_size=min(num_draws, 64))
     log_q = jax.vmap(q.log_prob)(z)
-    return pareto_khat(log_pi - log_q)
+    return pareto_khat(log_pi - log_q, rounding(log_pi, log_q))
 
 
 def _khat_all_impl(potential, num_draws, q, targets, key):
@@ -116,7 +125,8 @@ def _global_khat_impl(potential, num_draws, q, data, key):
         return jnp.sum(per)
 
     log_pi = jax.lax.map(log_post, z, batch_size=min(num_draws, 32))
-    return pareto_khat(log_pi - jax.vmap(q.log_prob)(z))
+    log_q = jax.vmap(q.log_prob)(z)
+    return pareto_khat(log_pi - log_q, rounding(log_pi, log_q))
 
 
 _global_khat = jax.jit(_global_khat_impl, static_argnums=(0, 1))
@@ -178,7 +188,7 @@ def message(khat, global_k=None) -> str | None:
             order = bad[np.argsort(-khat[bad])]
             shown = ", ".join(f"client {int(k)}: {khat[k]:.2f}" for k in order[:8])
             more = f" and {order.size - 8} more" if order.size > 8 else ""
-            parts.append(f"{bad.size} of {int(np.sum(np.isfinite(khat)))} clients' Gaussians against their own "
+            parts.append(f"{bad.size} of {int(np.sum(~np.isnan(khat)))} clients' Gaussians against their own "
                          f"targets ({shown}{more})")
     if not parts:
         return None
