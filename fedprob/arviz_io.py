@@ -237,13 +237,14 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                                   "not take part; excluded: its update was not finite and left out"})
     ev = eval_data if eval_data is not None else result.eval_data
     if ev is not None:
-        X, y = np.asarray(ev[0]), np.asarray(ev[1])
-        X = X.astype(np.int32 if np.issubdtype(X.dtype, np.integer) else np.float32)   # indices stay integer
+        from . import inputs
+
+        X, y = inputs.normalize(ev[0]), np.asarray(ev[1])                 # indices stay integer
         groups["observed_data"] = D._dataset({"y": y}, lead=("obs",) + tuple(f"y_dim_{i}" for i in range(y.ndim - 1)),
                                              attrs={"description": "the evaluation targets"})
         key = jax.random.PRNGKey(seed + 1)
         if z is not None and kind != "point estimate":
-            ll, yrep = _per_draw(pot, jnp.asarray(z), jnp.asarray(X), jnp.asarray(y), key)
+            ll, yrep = _per_draw(pot, jnp.asarray(z), inputs.tree_map(jnp.asarray, X), jnp.asarray(y), key)
             groups["log_likelihood"] = D._dataset({"y": ll}, dims={"y": ["obs"]}, attrs={
                 "description": "pointwise log p(y_i | x_i, theta) of each global posterior draw on the evaluation set"})
             groups["posterior_predictive"] = D._dataset({"y": yrep}, dims={"y": ["obs"]}, attrs={
@@ -254,8 +255,18 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                 "description": "draws of y from the pooled (product) predictive, one chain; no per-draw "
                                "likelihood exists, so log_likelihood is absent and az.loo does not apply"})
     idata = D.make_inference_data(groups)
-    _set_attrs(idata, {"algorithm": type(result.algorithm).__name__, "kind": kind,
-                       "no_posterior": desc if z is None else ""})
+    attrs = {"algorithm": type(result.algorithm).__name__, "kind": kind, "no_posterior": desc if z is None else ""}
+    if getattr(result, "global_khat", None) is not None:
+        attrs["pareto_khat_global"] = float(result.global_khat)
+    khat = getattr(result, "client_khat", None)
+    if khat is not None:
+        from . import psis
+
+        attrs["pareto_khat"] = np.asarray(khat, float)
+        attrs["pareto_khat_clients"] = np.arange(len(khat))
+        attrs["pareto_khat_note"] = (f"Pareto k-hat of each client's Gaussian against its own target (NaN: none); "
+                                     f"above {psis.KHAT_MAX} that Gaussian is unreliable")
+    _set_attrs(idata, attrs)
     return idata
 
 
@@ -310,21 +321,27 @@ def diagnostics_rows(result, num_draws: int = 1000, seed: int = 0) -> list:
     if z is not None:
         r = {"scope": "global", "kind": kind}
         r.update(D.summarize(z) if kind != "point estimate" else {"chains": 1, "draws": 1})
+        gk = getattr(result, "global_khat", None)
+        if gk is not None:
+            r["khat"] = float(gk)
         rows.append(r)
     cl = client_chains(result)
     stats = _stats(result)
     last = {n: v[-1] for n, v in stats.items()} if stats else {}
     K = result.context.num_clients
+    khat = getattr(result, "client_khat", None)
     per_client = {}
     if cl is not None:
         ids, x = cl
         for j, k in enumerate(ids):
             per_client[int(k)] = D.summarize(x[:, :, j])
     for k in range(K):
-        if cl is None and not last:
+        if cl is None and not last and khat is None:
             break
         r = {"scope": f"client {k}", "kind": "client"}
         r.update(per_client.get(k, {}))
+        if khat is not None and not np.isnan(khat[k]):
+            r["khat"] = float(khat[k])
         for n in ("accept_prob", "num_divergences", "step_size", "noise_ratio", "grad_noise_ratio"):
             if n in last and np.isfinite(last[n][k]):
                 r[n] = float(last[n][k])
@@ -340,9 +357,16 @@ def diagnostics_table(result, warn: bool = True):
     often it is asked."""
     from .table import Table
 
+    from . import psis
+
     rows = diagnostics_rows(result)
     seen = result.__dict__.setdefault("_warned", set())
     msgs = D.check(rows, warn=warn, seen=seen)
+    m = psis.message(getattr(result, "client_khat", None), getattr(result, "global_khat", None))
+    if m is not None:
+        msgs.append(m)
+        if warn:
+            D.issue([m], ["khat"], seen, stacklevel=2)
     div = [(int(r["num_divergences"]), r["scope"]) for r in rows if r.get("num_divergences", 0) > 0]
     if div:
         clients = [r for r in rows if str(r.get("scope", "")).startswith("client")]

@@ -80,11 +80,13 @@ def _describe(obj) -> str:
 
 def _probe(potential, fed) -> list:
     """Log prior and log likelihood at two fixed points on client 0's rows (tells closures apart)."""
+    import jax
     import jax.numpy as jnp
 
     d = potential.dim
     n = int(fed.sizes[0])
-    X, y = jnp.asarray(fed.X[0, :n]), jnp.asarray(fed.y[0, :n])
+    X = jax.tree_util.tree_map(lambda a: jnp.asarray(a[0, :n]), fed.X)
+    y = jnp.asarray(fed.y[0, :n])
     out = []
     for z in (jnp.zeros(d), jnp.linspace(-0.5, 0.5, d)):
         out += [float(potential.log_prior(z)), float(potential.log_likelihood(z, X, y))]
@@ -102,8 +104,11 @@ def _describe_potential(potential, fed) -> str:
 
 def fingerprints(algorithm, potential, fed, settings: dict) -> dict:
     """What a checkpoint must match to be resumed: ``{field: (description, hash)}``."""
+    import jax
+
+    digest = _digest(*jax.tree_util.tree_leaves(fed.X), fed.y, fed.sizes)
     out = {"algorithm": _describe(algorithm), "model": _describe_potential(potential, fed),
-           "data": f"{fed!r} sha256 {_digest(fed.X, fed.y, fed.sizes)}",
+           "data": f"{fed!r} sha256 {digest}",
            "settings": json.dumps(settings, sort_keys=True, default=_describe)}
     return {k: [v, hashlib.sha256(v.encode()).hexdigest()] for k, v in out.items()}
 

@@ -73,6 +73,8 @@ def _clean_attrs(attrs: dict) -> dict:
     for k, v in attrs.items():
         if isinstance(v, (bool, np.bool_)):
             out[k] = int(v)
+        elif isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "fiu":
+            out[k] = v                                    # a numeric vector: NetCDF stores it as is
         elif isinstance(v, (str, int, float, np.integer, np.floating)):
             out[k] = v
         else:

@@ -266,6 +266,11 @@ class GlobalPosterior:
     # -- prediction ------------------------------------------------------------------------
     def _check_inputs(self, X) -> Array:
         """X as an array of rows shaped like the training rows, all finite (else ValueError)."""
+        from . import inputs
+
+        if inputs.is_structured(X) or not isinstance(self.potential.x_shape, tuple) or (
+                self.potential.x_shape and isinstance(self.potential.x_shape[0], tuple)):
+            return inputs.tree_map(jnp.asarray, inputs.check_like(X, self.potential.x_shape))
         X = np.asarray(X)
         want = tuple(self.potential.x_shape)
         if X.ndim != len(want) + 1 or tuple(X.shape[1:]) != want:
@@ -287,8 +292,10 @@ class GlobalPosterior:
         """(n,) log p(y_i | x_i, D): the log of the posterior predictive averaged over draws (or at the mean)."""
         X = self._check_inputs(X)
         y = jnp.asarray(y)
-        if y.shape[:1] != X.shape[:1]:
-            raise ValueError(f"X has {X.shape[0]} rows and y {y.shape[0] if y.ndim else 0}")
+        from . import inputs
+
+        if y.shape[:1] != (inputs.num_rows(X),):
+            raise ValueError(f"X has {inputs.num_rows(X)} rows and y {y.shape[0] if y.ndim else 0}")
         if self.potential.task != "regression":
             y = y.astype(jnp.int32)
         return _mixture_log_density_jit(self.potential, self._predictive_draws(prediction), X, y, 64)

@@ -43,6 +43,8 @@ from numpyro import handlers
 from numpyro.distributions import constraints
 from numpyro.distributions.transforms import biject_to
 
+from . import inputs
+
 Array = jax.Array
 
 DATA_PLATE = "data"
@@ -128,7 +130,7 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
 
     def f(X, y):
         with handlers.block():
-            tr = handlers.trace(handlers.seed(model, 0)).get_trace(X, y, **model_kwargs)
+            tr = handlers.trace(handlers.seed(inputs.call, 0)).get_trace(model, X, y, model_kwargs)
         for name, site in tr.items():
             entry = {"type": site["type"]}
             if site["type"] == "deterministic":
@@ -160,10 +162,13 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
         jax.eval_shape(f, X, y)
     except (TypeError, ValueError) as e:
         raise ValueError(
-            f"tracing the model on {X.shape[0]} rows failed ({type(e).__name__}: {e}). fedprob calls "
-            f"the model with client data of any number of rows: size the '{DATA_PLATE}' plate and "
-            f"every per-row array by X.shape[0] (`numpyro.plate('{DATA_PLATE}', X.shape[0])`), never "
-            "by a fixed number") from e
+            f"tracing the model on {inputs.num_rows(X)} rows failed ({type(e).__name__}: {e}). fedprob calls "
+            f"the model with client data of any number of rows (a client's, a minibatch, one row): size "
+            f"the '{DATA_PLATE}' plate and every per-row array by the rows of the inputs "
+            f"(`numpyro.plate('{DATA_PLATE}', X.shape[0])`). Any other size the model takes from the data "
+            "(the number of groups, schools, classes, a plate that is not the rows) must not be computed from "
+            "the inputs, which hold one client's rows: make it a model argument, "
+            "`def model(X, y=None, num_groups=8)` with `fp.run(..., model_kwargs={'num_groups': 8})`") from e
     return out
 
 
@@ -175,18 +180,17 @@ def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     replacement from the ``n`` valid rows, each weighted ``n / batch_size``:
     an unbiased estimate of the sum over the client's points.
     """
-    n_max = data.X.shape[0]
+    n_max = inputs.num_rows(data.X)
     if batch_size is None:
         valid = jnp.arange(n_max) < data.n
         w = valid.astype(jnp.result_type(float))
         # padded rows are replaced by row 0 so that no padded value (even NaN) reaches a gradient
-        X = jnp.where(valid.reshape((-1,) + (1,) * (data.X.ndim - 1)), data.X, data.X[:1])
-        y = jnp.where(valid.reshape((-1,) + (1,) * (data.y.ndim - 1)), data.y, data.y[:1])
-        return X, y, w
+        keep = lambda a: jnp.where(valid.reshape((-1,) + (1,) * (a.ndim - 1)), a, a[:1])
+        return inputs.tree_map(keep, data.X), keep(data.y), w
     n = jnp.maximum(data.n, 1)
     idx = jax.random.randint(key, (batch_size,), 0, n)
     w = jnp.full((batch_size,), 1.0) * (data.n / batch_size)
-    return data.X[idx], data.y[idx], w.astype(jnp.result_type(float))
+    return inputs.take(data.X, idx), data.y[idx], w.astype(jnp.result_type(float))
 
 
 def _first_rows(a, n: int):
@@ -211,9 +215,9 @@ class Potential:
         # one real row of inputs: the model is traced at it wherever no data is given (the prior,
         # constrain, init), never at invented zeros, so a model that reads a scale or an index
         # from its inputs sees a valid value (a concrete row unless the data are themselves traced)
-        self._row_X = _first_rows(X, 1)
+        self._row_X = inputs.tree_map(lambda a: _first_rows(a, 1), X)
         self._row_y = _first_rows(y, 1)
-        X = jnp.asarray(X)[:2]
+        X = inputs.tree_map(lambda a: jnp.asarray(a)[:2], X)
         y = jnp.asarray(y)[:2]
         info = _abstract_trace(model, X, y, self.model_kwargs)
         sites, observed, deterministic, real_sites, prior_factors, factors = [], [], [], [], [], []
@@ -222,9 +226,9 @@ class Potential:
         for name, site in info.items():
             if site["type"] == "plate" and name == DATA_PLATE:
                 has_plate = True
-                if site["size"] != X.shape[0]:
+                if site["size"] != inputs.num_rows(X):
                     raise ValueError(
-                        f"the '{DATA_PLATE}' plate has size {site['size']} on a batch of {X.shape[0]} "
+                        f"the '{DATA_PLATE}' plate has size {site['size']} on a batch of {inputs.num_rows(X)} "
                         f"rows: its size must be the number of rows, "
                         f"`numpyro.plate('{DATA_PLATE}', X.shape[0])`, not a fixed number")
                 if site["subsample_size"] != site["size"]:
@@ -256,7 +260,7 @@ class Potential:
                         f"`with numpyro.plate('{DATA_PLATE}', X.shape[0]):`{hint}")
                 if not site["is_factor"] and site["shape"] != site["dist_shape"]:
                     raise ValueError(
-                        f"observed site '{name}' receives values of shape {site['shape']} for {X.shape[0]} "
+                        f"observed site '{name}' receives values of shape {site['shape']} for {inputs.num_rows(X)} "
                         f"rows (y rows have shape {tuple(y.shape[1:])}) but its distribution has shape "
                         f"{site['dist_shape']}: y does not match the model's likelihood")
                 if site["is_discrete"] and site.get("event_shape"):
@@ -304,9 +308,10 @@ class Potential:
         # Counts and regression predict (mean, variance).
         self.task = obs["kind"]
         self.num_classes = obs["num_classes"] if self.task == "classification" else None
-        self.x_shape = tuple(X.shape[1:])
+        #: the shape of one input row (a tuple or dict of them for several inputs, :mod:`fedprob.inputs`)
+        self.x_shape = inputs.row_shapes(X)
         self.y_shape = tuple(y.shape[1:])
-        self._x_dtype = str(X.dtype)
+        self._x_dtype = inputs.row_dtypes(X)
         self._y_dtype_str = str(y.dtype)
         self._identity = _identity_key(model, self.model_kwargs, self.x_shape, self.y_shape,
                                        self._x_dtype, self._y_dtype_str)
@@ -356,8 +361,8 @@ class Potential:
         """Dict of constrained site values -> flat unconstrained vector."""
         X = self.example_X()
         with handlers.block():
-            tr = handlers.trace(handlers.substitute(handlers.seed(self.model, 0), data=params)).get_trace(
-                X, self.example_y(), **self.model_kwargs)
+            tr = handlers.trace(handlers.substitute(handlers.seed(self._call, 0), data=params)).get_trace(
+                X, self.example_y())
         return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(params[s.name])
                            for s in self.sites})
 
@@ -372,9 +377,8 @@ class Potential:
             return None
 
         with handlers.block():
-            return handlers.trace(handlers.substitute(handlers.seed(self.model, 0),
-                                                      substitute_fn=substitute_fn)).get_trace(
-                X, y, **self.model_kwargs)
+            return handlers.trace(handlers.substitute(handlers.seed(self._call, 0),
+                                                      substitute_fn=substitute_fn)).get_trace(X, y)
 
     # -- densities ------------------------------------------------------------------------
     def _terms(self, z: Array, X, y, weights):
@@ -411,9 +415,12 @@ class Potential:
         # a real row at weight 0: the likelihood term vanishes and stays finite
         return self._terms(z, self.example_X(), self.example_y(), jnp.zeros((1,)))[0]
 
+    def _call(self, X, y):
+        return inputs.call(self.model, X, y, self.model_kwargs)
+
     def example_X(self):
         """One real input row, (1, ...): where the model is traced when no data is at hand."""
-        return jnp.asarray(self._row_X)
+        return inputs.tree_map(jnp.asarray, self._row_X)
 
     def example_y(self):
         """The target row of :meth:`example_X`, (1, ...): observed there, so a model whose
@@ -425,16 +432,16 @@ class Potential:
 
     def log_likelihood(self, z: Array, X, y, weights=None) -> Array:
         """sum_i weights_i log p(y_i | x_i, z) (weights default to 1)."""
-        weights = jnp.ones((X.shape[0],)) if weights is None else weights
+        weights = jnp.ones((inputs.num_rows(X),)) if weights is None else weights
         return self._terms(z, X, y, weights)[1]
 
     def pointwise_log_likelihood(self, z: Array, X, y) -> Array:
         """(n,) log p(y_i | x_i, z) per row."""
-        return jax.vmap(lambda xi, yi: self.log_likelihood(z, xi[None], yi[None]))(X, y)
+        return jax.vmap(lambda xi, yi: self.log_likelihood(z, inputs.tree_map(lambda a: a[None], xi), yi[None]))(X, y)
 
     def log_joint(self, z: Array, X, y, weights=None, prior_weight=1.0) -> Array:
         """prior_weight * log p0(z) + sum_i weights_i log p(y_i | x_i, z)."""
-        weights = jnp.ones((X.shape[0],)) if weights is None else weights
+        weights = jnp.ones((inputs.num_rows(X),)) if weights is None else weights
         lp, ll = self._terms(z, X, y, weights)
         return prior_weight * lp + ll
 
@@ -458,7 +465,7 @@ class Potential:
         """One draw of every latent site from the prior, as a flat unconstrained vector."""
         X = self.example_X()
         with handlers.block():
-            tr = handlers.trace(handlers.seed(self.model, key)).get_trace(X, self.example_y(), **self.model_kwargs)
+            tr = handlers.trace(handlers.seed(self._call, key)).get_trace(X, self.example_y())
         return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"])
                            for s in self.sites})
 
@@ -540,8 +547,8 @@ class Potential:
 
         X = self.example_X()
         with handlers.block():
-            handlers.trace(handlers.substitute(handlers.seed(self.model, 0),
-                                               substitute_fn=substitute_fn)).get_trace(X, self.example_y(), **self.model_kwargs)
+            handlers.trace(handlers.substitute(handlers.seed(self._call, 0),
+                                               substitute_fn=substitute_fn)).get_trace(X, self.example_y())
         return self.ravel(out)
 
     # -- prediction -----------------------------------------------------------------------
@@ -581,7 +588,7 @@ def _freeze(value):
 
 
 def _identity_key(model, model_kwargs, x_shape, y_shape, x_dtype, y_dtype) -> tuple:
-    return (model, _freeze(dict(model_kwargs)), x_shape, y_shape, x_dtype, y_dtype)
+    return (model, _freeze(dict(model_kwargs)), _freeze(x_shape), y_shape, _freeze(x_dtype), y_dtype)
 
 
 def mean_loss(potential: Potential, z, target: LocalTarget, key=None, batch_size=None):
@@ -597,4 +604,4 @@ def get_potential(model, fed, model_kwargs: Optional[dict] = None) -> Potential:
     equal when they trace the same program, so compiled functions are shared
     between equal ones and never between different ``model_kwargs``.
     """
-    return Potential(model, fed.X[0], fed.y[0], model_kwargs)
+    return Potential(model, inputs.tree_map(lambda a: a[0], fed.X), fed.y[0], model_kwargs)

@@ -13,8 +13,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import psis
 from .algorithms.base import Algorithm, Context
-from .posteriors import GlobalPosterior
+from .posteriors import Gaussian, GlobalPosterior
 from .protocols import DRAW_STATS
 
 
@@ -51,6 +52,12 @@ class Result:
     client phase runs as its own compiled call, shared between methods with
     the same backend and shapes; see :mod:`fedprob.engine.client_phase`);
     ``compile_time`` includes the client phase's compile.
+    client_khat: (K,) Pareto k-hat of each client's Gaussian against its own
+    target (:mod:`fedprob.psis`; NaN where a client has none), None when the
+    method has no Gaussian client (or the model more than
+    :data:`fedprob.psis.MAX_DIM` parameters). global_khat: the k-hat of a
+    Gaussian global posterior against the exact posterior (None for other
+    posteriors). Above 0.7 the run warned once.
     """
 
     posterior: GlobalPosterior
@@ -65,6 +72,8 @@ class Result:
     client_diagnostics: list = dataclasses.field(default_factory=list)
     client_draw_stats: dict = dataclasses.field(default_factory=dict)
     info: dict = dataclasses.field(default_factory=dict)
+    client_khat: Optional[np.ndarray] = None
+    global_khat: Optional[float] = None
 
     def metric(self, name: str) -> np.ndarray:
         """One history column as an array (NaN where a round lacks it)."""
@@ -148,8 +157,11 @@ class RunLog:
 
 
 def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, compile_time: float,
-            init_time: float, eval_data=None, info: Optional[dict] = None, posterior=None) -> Result:
-    """The :class:`Result` of a finished run; warns (RuntimeWarning) when rounds left clients out.
+            init_time: float, eval_data=None, info: Optional[dict] = None, posterior=None, data=None,
+            seed: int = 0) -> Result:
+    """The :class:`Result` of a finished run; warns (RuntimeWarning) when rounds left clients out, and
+    once when a client's Gaussian has a Pareto k-hat above 0.7 (:mod:`fedprob.psis`; ``data``: the
+    stacked client data, needed by the iterative Gaussian methods' check after the last round).
 
     ``posterior``: the final states' posterior when the caller has it already (the last round's
     evaluation), so that it is not computed, nor its checks warned, twice.
@@ -162,8 +174,16 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=3)
     if posterior is None:
         posterior = algorithm.posterior(ctx, server, clients)
-    return Result(posterior, log.history, server, clients, algorithm, ctx, compile_time, init_time, eval_data,
-                  log.client_diagnostics, log.draw_stats, info or {})
+    khat = psis.client_khats(algorithm, ctx, server, clients, data, log.client_diagnostics, seed)
+    gk = None
+    if data is not None and psis.applies(ctx.potential) and isinstance(getattr(posterior, "form", None), Gaussian):
+        gk = psis.global_khat(ctx.potential, posterior.form, data, seed)
+    result = Result(posterior, log.history, server, clients, algorithm, ctx, compile_time, init_time, eval_data,
+                    log.client_diagnostics, log.draw_stats, info or {}, khat, gk)
+    if psis.message(khat, gk) is not None:
+        result.__dict__.setdefault("_warned", set()).add("khat")
+        psis.warn(khat, gk, stacklevel=3)
+    return result
 
 
 __all__ = ["Result", "RunLog", "collect", "keep_draw_stats"]

@@ -177,7 +177,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     # collect
     # the last round's evaluated posterior is the result's (computed once: its Monte Carlo checks warn once)
     return collect(algorithm, ctx, server, compiled.host_clients(clients), log, compiled.compile_time, init_time,
-                   evald, compiled.info, posterior if evald is not None and start < rounds else None)
+                   evald, compiled.info, posterior if evald is not None and start < rounds else None,
+                   data=data, seed=seed)
 
 
 __all__ = ["run", "Result", "get_potential"]

@@ -250,15 +250,15 @@ def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_si
     rows; under ``vmap`` the loop runs to the largest client's count.
     """
     _check_ggn(potential)
-    n = X.shape[0]
+    n = y.shape[0]
     c = max(1, min(chunk_size, n))
     n_pad = -(-n // c) * c
     if n_pad > n:
         pad = n_pad - n
-        X = jnp.concatenate([X, jnp.repeat(X[:1], pad, 0)])
+        X = jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[:1], pad, 0)]), X)
         y = jnp.concatenate([y, jnp.repeat(y[:1], pad, 0)])
         weights = jnp.concatenate([weights, jnp.zeros((pad,), weights.dtype)])
-    Xc = X.reshape((n_pad // c, c) + X.shape[1:])
+    Xc = jax.tree_util.tree_map(lambda a: a.reshape((n_pad // c, c) + a.shape[1:]), X)
     yc = y.reshape((n_pad // c, c) + y.shape[1:])
     wc = weights.reshape((n_pad // c, c))
     d = z.shape[0]
@@ -270,7 +270,8 @@ def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_si
             return natural_parameters(potential.predictive_distribution(zz, Xb))[0]
 
         def eta_row(zz, x):
-            return natural_parameters(potential.predictive_distribution(zz, x[None]))[0][0]
+            row = jax.tree_util.tree_map(lambda a: a[None], x)
+            return natural_parameters(potential.predictive_distribution(zz, row))[0][0]
 
         eta, build = natural_parameters(potential.predictive_distribution(z, Xb))
         m = eta.shape[1]
@@ -294,7 +295,8 @@ def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_si
     acc0 = jnp.zeros((d,) if diagonal else (d, d), z.dtype)
     used = jnp.max(jnp.where(weights != 0, jnp.arange(n_pad) + 1, 0))     # rows up to the last weighted one
     out = jax.lax.fori_loop(0, (used + c - 1) // c,
-                            lambda i, acc: chunk(acc, (Xc[i], yc[i], wc[i]))[0], acc0)
+                            lambda i, acc: chunk(acc, (jax.tree_util.tree_map(lambda a: a[i], Xc), yc[i],
+                                                       wc[i]))[0], acc0)
     return out if diagonal else 0.5 * (out + out.T)
 
 

@@ -152,3 +152,69 @@ def test_factor_likelihood_runs_under_laplace_and_predictive_bayes_refuses_it():
         assert 0.7 < float(draws[site].std()) / sd < 1.4, site
     with pytest.raises(ValueError, match="numpyro.factor"):
         fp.run(fp.algorithms.PredictiveBayes(), factor_poisson, fed, seed=0, progress=False)
+
+
+# -- several inputs: a tuple or dict of arrays, each its own dtype ----------------------------------
+
+def admissions(dept, male, apps, admit=None):
+    """The UC Berkeley admissions regression as NumPyro writes it: three inputs, integer totals."""
+    a = numpyro.sample("a", dist.Normal(0.0, 2.0).expand([3]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", dept.shape[0]):
+        numpyro.sample("admit", dist.Binomial(apps, logits=a[dept] + b * male), obs=admit)
+
+
+def _admissions_data(n=90, seed=0):
+    rng = np.random.default_rng(seed)
+    dept = rng.integers(0, 3, n)
+    male = rng.integers(0, 2, n).astype(np.float32)
+    apps = rng.integers(5, 50, n)
+    admit = rng.binomial(apps, 1 / (1 + np.exp(-(np.array([-1.0, 0.0, 1.0])[dept] + 0.3 * male))))
+    return dept, male, apps, admit
+
+
+def test_tuple_and_dict_inputs_keep_their_dtypes_and_match_pooled_nuts():
+    dept, male, apps, admit = _admissions_data()
+    fed = fp.data.partition((dept, male, apps), admit, num_clients=3, seed=0)
+    assert [a.dtype for a in fed.X] == [np.int32, np.float32, np.int32]
+    # a full covariance: a and b are correlated, and a diagonal Gaussian's marginal sds are ~0.67x
+    r = fp.run(fp.algorithms.PVI(family="full"), admissions, fed, progress=False,
+               eval_data=((dept, male, apps), admit))
+    mc = MCMC(NUTS(admissions), num_warmup=300, num_samples=1000, progress_bar=False)
+    mc.run(jax.random.PRNGKey(0), dept, male, apps, admit)
+    ref = mc.get_samples()
+    for name in ("a", "b"):
+        z = np.abs(np.asarray(r.posterior.mean[name]) - np.asarray(ref[name].mean(0))) / np.asarray(ref[name].std(0))
+        assert np.all(z < 0.5), (name, z)
+        ratio = np.asarray(r.posterior.sd[name]) / np.asarray(ref[name].std(0))
+        assert np.all((ratio > 0.7) & (ratio < 1.4)), (name, ratio)
+    assert np.isfinite(r.history[-1]["rmse"])
+    # the same inputs by name give the same answer
+    fed_d = fp.data.partition({"dept": dept, "male": male, "apps": apps}, admit, num_clients=3, seed=0)
+    r_d = fp.run(fp.algorithms.PVI(family="full"), admissions, fed_d, progress=False)
+    np.testing.assert_allclose(r_d.posterior.mean["a"], r.posterior.mean["a"], rtol=1e-5, atol=1e-6)
+    mean, var = r.posterior.predict((dept[:4], male[:4], apps[:4]))
+    assert mean.shape == (4,) and np.all(np.asarray(var) > 0)
+    with pytest.raises(ValueError, match="rows of shape|one array|inputs"):
+        r.posterior.predict(np.zeros((4, 3)))
+    # from_clients takes the same structure per client
+    fed_c = fp.data.FederatedData.from_clients([((dept[:30], male[:30], apps[:30]), admit[:30]),
+                                                ((dept[30:], male[30:], apps[30:]), admit[30:])])
+    assert fed_c.client_sizes.tolist() == [30, 60] and fed_c.X[0].dtype == np.int32
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        fp.data.partition((dept, male[:10], apps), admit, num_clients=3)
+
+
+def test_a_plate_sized_from_the_data_gets_a_model_argument_hint():
+    def grouped(X, y=None):
+        num_groups = int(X[:, 0].max()) + 1          # read from the rows: one client holds only some groups
+        with numpyro.plate("groups", num_groups):
+            a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(a[X[:, 0]], 1.0), obs=y)
+
+    X = np.stack([np.arange(12) % 4, np.zeros(12, int)], 1)
+    fed = fp.data.partition(X, np.zeros(12, np.float32), num_clients=2, seed=0)
+    with pytest.raises(ValueError, match="model argument") as e:
+        fp.run(fp.algorithms.PVI(), grouped, fed, progress=False)
+    assert "model_kwargs" in str(e.value)

@@ -259,10 +259,10 @@ def test_bad_input_fails_early(linreg_data):
         Laplace(min_precision=0.0)
     pot = Potential(student_reg, X, y)
     data = ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(N))
-    # no closed-form GGN for a Student-t likelihood: the exact Hessian of the same target
-    z = jnp.full(D, 0.1)
-    np.testing.assert_allclose(np.asarray(curvature(pot, make_target(data, D), z, "ggn")),
-                               np.asarray(curvature(pot, make_target(data, D), z, "full")), rtol=1e-5)
+    # no closed-form GGN for a StudentT likelihood: the exact curvature is used instead of refusing
+    t = make_target(data, D)
+    np.testing.assert_allclose(np.asarray(curvature(pot, t, jnp.zeros(D), "ggn")),
+                               np.asarray(curvature(pot, t, jnp.zeros(D), "full")), rtol=1e-4, atol=1e-4)
 
 
 def test_hessian_diag_estimate_exact_below_threshold_and_unbiased_above():

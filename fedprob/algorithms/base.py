@@ -89,6 +89,14 @@ class Algorithm(CheckedKeywords):
         """ONE client's full number of local steps, or None: its update has no partial result."""
         return None
 
+    def gaussian_fits(self, ctx: Context, server_state, client_states, data):
+        """``(q, targets)`` after the last round of an iterative Gaussian method: the Gaussian ``q``
+        that stands for every client's target and those targets (a
+        :class:`~fedprob.potential.LocalTarget` stacked over the K clients), whose Pareto k-hats
+        :mod:`fedprob.psis` reports; None (default) when the method has no such Gaussian (point
+        estimates, samplers) or reports k-hat from its client updates (one-round methods)."""
+        return None
+
     def update_part(self, ctx: Context, message):
         """The update leaves of one client's ``message``, or None when it has none."""
         return None

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..client_map import vmap_clients
 from ..protocols import finite_flag, run_chains
-from ..potential import make_target
+from ..potential import ClientData, make_target
 from .base import Algorithm, Context
 from .one_round_base import OneRoundAlgorithm, check_client
 
@@ -68,7 +68,9 @@ class FromClientPhase(Algorithm):
     def client_update(self, ctx, server_state, client_state, data, key):
         _, k_msg = jax.random.split(key)
         message = self.inner.make_message(ctx, data.result, k_msg)
-        return client_state, (client_state, message), data.result.diagnostics
+        rows = ClientData(data.X, data.y, data.n)
+        diagnostics = {**data.result.diagnostics, **self.inner.client_khat(ctx, data.result, rows, k_msg)}
+        return client_state, (client_state, message), diagnostics
 
     def server_update(self, ctx, server_state, messages, weights, mask):
         return self.inner.server_update(ctx, server_state, messages, weights, mask)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp
 
+from .. import inputs
 from ..posteriors import GlobalPosterior, Samples, mixture_log_density
 from ..inference import CyclicalSGHMC
 from .base import Context
@@ -139,11 +140,11 @@ class EnsemblePosterior(GlobalPosterior):
     # -- prediction -----------------------------------------------------------------------------------
     def client_predictive(self, X):
         """Per-client predictives at X (see :func:`client_predictive`)."""
-        return client_predictive(self.potential, self.client_draws, jnp.asarray(X))
+        return client_predictive(self.potential, self.client_draws, inputs.as_jax(X))
 
     def predict(self, X):
         """The mixture of client predictives (probabilities, or (mean, variance))."""
-        return _mixture_predict(self.potential, self.client_draws, self.mixture_weights, jnp.asarray(X))
+        return _mixture_predict(self.potential, self.client_draws, self.mixture_weights, inputs.as_jax(X))
 
     def log_predictive_density(self, X, y):
         """(n,) ``log sum_k pi_k (1/S) sum_j p(y | x, w_kj)``: the mixture's exact log density."""
@@ -151,7 +152,7 @@ class EnsemblePosterior(GlobalPosterior):
         if self.potential.task != "regression":
             y = y.astype(jnp.int32)
         return _mixture_log_density(self.potential, self.client_draws, self.mixture_weights,
-                                    jnp.asarray(X), y)
+                                    inputs.as_jax(X), y)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,7 +80,7 @@ class FedAvg(Algorithm, ServerOptimizer):
     def client_update(self, ctx: Context, server_state, client_state, data, key, max_steps=None):
         """Local training from ``w_g`` (frozen after ``max_steps`` steps when given); message ``w_g - w_k``."""
         w_g = server_state[0]
-        total = num_local_steps(self.local_steps, self.local_epochs, self.batch_size, data.X.shape[0])
+        total = num_local_steps(self.local_steps, self.local_epochs, self.batch_size, data.y.shape[0])
         steps = client_steps(self.local_steps, self.local_epochs, self.batch_size, data.n)
         if max_steps is not None:
             steps = jnp.minimum(steps, max_steps)

@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple, Union
 
+import jax
 import jax.numpy as jnp
 
 from ..inference.iasg import IASG
@@ -187,6 +188,16 @@ class FedPA(Algorithm, ServerOptimizer):
     def with_update(self, ctx: Context, message, update):
         """``(update, 1)``: the precision diagonal is replaced by the data-independent 1 (see fedprob.privacy)."""
         return update, jnp.ones_like(message[1])
+
+    def gaussian_fits(self, ctx: Context, server_state, client_states, data):
+        """The global Gaussian against each client's tilted target: the global with the client's
+        ``1/K`` share replaced by its exact sub-posterior, ``q(z)^(1 - 1/K) p0(z)^(1/K) p(D_k | z)``."""
+        q = self.posterior(ctx, server_state, client_states).form
+        K = ctx.num_clients
+        rest = 1.0 - 1.0 / K
+        targets = jax.vmap(lambda d: make_target(d, ctx.dim, prior_weight=1.0 / K, linear=rest * q.linear,
+                                                 precision=rest * q.precision, dtype=q.linear.dtype))(data)
+        return q, targets
 
     def posterior(self, ctx: Context, server_state, client_states):
         g = gaussian.from_mean_precision(server_state.params, server_state.precision)

@@ -316,6 +316,25 @@ class NaturalLoop(Algorithm):
         """The message with the noised delta; the mode (unused by the server) zeroed, not sent."""
         return update, jnp.zeros_like(message[1])
 
+    def gaussian_fits(self, ctx: Context, server_state: NaturalServer, client_states, data):
+        """``q_g`` against each client's tilted target: ``q_g`` with the client's site and the
+        Gaussian prior replaced by the exact factors they stand for,
+        ``p0(z) p(D_k | z)^(1/tau) exp(<lambda_g - lambda_0 - lambda_hat_k, T(z)>)``
+        (with ``delta`` the prior is the Gaussian ``lambda_0`` itself). At a fixed point the
+        client's own solve returns ``q_g``, so this is the client's Gaussian against its target,
+        the true prior in it. None for the isotropic family (a mode, no covariance)."""
+        if self.family == "isotropic":
+            return None
+        lam, prior = server_state.lam, server_state.prior
+        exact_prior = self.delta is None
+        base = Gaussian(lam.linear - prior.linear, lam.precision - prior.precision) if exact_prior else lam
+        sites = client_states
+        targets = jax.vmap(lambda s, d: make_target(
+            d, ctx.dim, prior_weight=1.0 if exact_prior else 0.0, likelihood_weight=1.0 / float(self.tau),
+            linear=base.linear - s.linear, precision=base.precision - s.precision,
+            dtype=lam.linear.dtype))(sites, data)
+        return Gaussian(lam.linear, lam.precision), targets
+
     def next_start(self, server_state, lam, mode, mask, count):
         """Where the next round's client solves start: the new server mean."""
         return lam.mean()
@@ -345,6 +364,9 @@ class Configured(Algorithm):
 
     def local_step_count(self, ctx, data):
         return self.loop().local_step_count(ctx, data)
+
+    def gaussian_fits(self, ctx, server_state, client_states, data):
+        return self.loop().gaussian_fits(ctx, server_state, client_states, data)
 
     def client_update(self, ctx, server_state, client_state, data, key, max_steps=None):
         return self.loop().client_update(ctx, server_state, client_state, data, key, max_steps)

@@ -105,6 +105,25 @@ class OneRoundAlgorithm(Algorithm):
         """The pytree a client sends, from its :class:`ClientResult`."""
         raise NotImplementedError
 
+    def gaussian_fit(self, ctx: Context, result):
+        """The Gaussian this client's result stands for (its Pareto k-hat is reported), or None.
+
+        Default: a Gaussian backend's output; a sampler's draws stand for themselves (None).
+        Methods that moment-match draws (EPMCMC, ConsensusMC) return the fitted Gaussian."""
+        post = result.posterior if hasattr(result, "posterior") else result
+        return post if isinstance(post, Gaussian) else None
+
+    def client_khat(self, ctx: Context, result, data, key) -> dict:
+        """``{"khat": k}``: the Pareto k-hat of :meth:`gaussian_fit` against this client's own
+        target (prior share :meth:`prior_weight`, full batch; :mod:`fedprob.psis`), or ``{}``."""
+        from .. import psis
+
+        g = self.gaussian_fit(ctx, result) if psis.applies(ctx.potential) else None
+        if g is None:
+            return {}
+        target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx), dtype=g.linear.dtype)
+        return {"khat": psis.gaussian_khat(jax.random.fold_in(key, 17), ctx.potential, g, target)}
+
     # -- protocol ------------------------------------------------------------------------------
     def run_client(self, ctx: Context, data, key, start_key=None):
         """Run the backend on this client's target (prior share from :meth:`prior_weight`).
@@ -124,7 +143,8 @@ class OneRoundAlgorithm(Algorithm):
     def _client_message(self, ctx: Context, data, key, start_key=None):
         k_run, k_msg = jax.random.split(key)
         result = self.run_client(ctx, data, k_run, start_key)
-        return self.make_message(ctx, result, k_msg), result.diagnostics
+        diagnostics = {**result.diagnostics, **self.client_khat(ctx, result, data, k_msg)}
+        return self.make_message(ctx, result, k_msg), diagnostics
 
     def init(self, ctx: Context, key, data):
         """Empty server state shaped like one client's message (traced, not run) and client ids 0..K-1.
@@ -298,6 +318,16 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         check_int("num_prior_samples", self.num_prior_samples, 2)
         if not self.jitter >= 0:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
+
+    def gaussian_fit(self, ctx: Context, result):
+        """The Gaussian the product uses: a Gaussian output, or the Gaussian moment-matched to the draws
+        (the kernel variants of EPMCMC use no Gaussian of a sampler's draws: None)."""
+        post = result.posterior if hasattr(result, "posterior") else result
+        if isinstance(post, Samples) and getattr(self, "method", "parametric") == "parametric":
+            from .. import gaussian as gauss
+
+            return gauss.moment_match(post.draws, self.family == "diag", self.jitter, warn=False)
+        return super().gaussian_fit(ctx, result)
 
 
 __all__ = ["OneRoundState", "SumState", "check_client", "OneRoundAlgorithm", "SummingOneRoundAlgorithm",

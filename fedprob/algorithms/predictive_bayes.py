@@ -75,6 +75,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import logsumexp
 
+from .. import inputs
 from ..posteriors import log_predictive_density
 from ..inference import CyclicalSGHMC
 from .base import Context
@@ -248,11 +249,11 @@ class PredictiveBayesPosterior(EnsemblePosterior):
 
     def components(self, X):
         """(product, mixture) at X: log probabilities (n, C) each, or (mean, var) pairs."""
-        X = jnp.asarray(X)
+        X = inputs.as_jax(X)
         prior = self.prior_draws if self.num_clients > 1 else None
         product, mixture, count = _components(self.potential, self.regression, self.client_draws,
                                               self.mixture_weights, prior, X,
-                                              jnp.asarray(self.uniform_tolerance, X.dtype))
+                                              jnp.asarray(self.uniform_tolerance, jnp.result_type(float)))
         count = int(count)
         if self.potential.task == "classification":
             self.info["uniform_prior_predictive_points"] = count
@@ -303,11 +304,11 @@ def fit_beta(posterior: PredictiveBayesPosterior, X_val, y_val, tol: float = 1e-
     """
     if not isinstance(posterior, PredictiveBayesPosterior):
         raise ValueError("fit_beta needs the posterior of PredictiveBayes")
-    X_val = jnp.asarray(X_val)
+    X_val = inputs.as_jax(X_val)
     y_val = jnp.asarray(y_val)
-    if X_val.shape[0] != y_val.shape[0] or X_val.shape[0] == 0:
+    if inputs.num_rows(X_val) != y_val.shape[0] or y_val.shape[0] == 0:
         raise ValueError(f"X_val and y_val must have the same, non-zero number of rows; got "
-                         f"{X_val.shape[0]} and {y_val.shape[0]}")
+                         f"{inputs.num_rows(X_val)} and {y_val.shape[0]}")
     task = posterior.potential.task
     product, mixture = posterior.components(X_val)
 

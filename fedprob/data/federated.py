@@ -6,6 +6,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import inputs
+
 
 def check_finite(name: str, a: np.ndarray) -> None:
     if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a)):
@@ -54,6 +56,16 @@ def check_eval_data(eval_data, potential):
         return None
     if not isinstance(eval_data, (tuple, list)) or len(eval_data) != 2:
         raise ValueError("eval_data must be a pair (X_test, y_test)")
+    if inputs.is_structured(eval_data[0]):
+        X, y = inputs.check_like(eval_data[0], potential.x_shape, "eval_data X"), np.asarray(eval_data[1])
+        check_finite("y", y)
+        if inputs.num_rows(X) != y.shape[0]:
+            raise ValueError(f"eval_data X and y have different numbers of rows: {inputs.num_rows(X)} vs {y.shape[0]}")
+        if tuple(y.shape[1:]) != potential.y_shape:
+            raise ValueError(f"eval_data y rows have shape {y.shape[1:]}, the federation's have {potential.y_shape}")
+        if potential.task == "classification":
+            check_model_labels(y, potential.num_classes, "eval_data")
+        return X, y
     X, y = np.asarray(eval_data[0]), np.asarray(eval_data[1])
     check_xy(X, y)
     if tuple(X.shape[1:]) != potential.x_shape:
@@ -83,9 +95,10 @@ class FederatedData:
     num_classes: Optional[int] = None
 
     def __post_init__(self):
-        if self.X.shape[:2] != self.y.shape[:2]:
-            raise ValueError(f"X {self.X.shape} and y {self.y.shape} disagree on (clients, rows)")
-        if self.sizes.shape != (self.X.shape[0],):
+        for a in inputs.leaves(self.X):
+            if a.shape[:2] != self.y.shape[:2]:
+                raise ValueError(f"X {a.shape} and y {self.y.shape} disagree on (clients, rows)")
+        if self.sizes.shape != (self.num_clients,):
             raise ValueError("sizes must have one entry per client")
         if np.any(self.sizes <= 0):
             empty = np.flatnonzero(self.sizes <= 0).tolist()
@@ -94,9 +107,15 @@ class FederatedData:
     @classmethod
     def from_clients(cls, clients: Sequence[tuple], num_classes: Optional[int] = None,
                      dtype=np.float32) -> "FederatedData":
-        """From a list of (X_k, y_k) pairs of possibly different lengths."""
+        """From a list of (X_k, y_k) pairs of possibly different lengths.
+
+        ``X_k`` is one array, or a tuple or dict of arrays (several model inputs, :mod:`fedprob.inputs`),
+        the same structure for every client; each input keeps its dtype (integers int32, bools bool).
+        """
         if len(clients) == 0:
             raise ValueError("no clients given")
+        if inputs.is_structured(clients[0][0]):
+            return cls._from_structured(clients, num_classes, dtype)
         Xs, ys = [], []
         for k, (Xk, yk) in enumerate(clients):
             Xk, yk = np.asarray(Xk), np.asarray(yk)
@@ -131,9 +150,49 @@ class FederatedData:
         y = np.stack([pad(v, ydt) for v in ys])
         return cls(X, y, sizes, num_classes)
 
+    @classmethod
+    def _from_structured(cls, clients, num_classes, dtype):
+        Xs, ys = [], []
+        for k, (Xk, yk) in enumerate(clients):
+            if not inputs.is_structured(Xk) or not inputs.same_structure(inputs.normalize(Xk), Xs[0] if Xs else
+                                                                         inputs.normalize(Xk)):
+                raise ValueError(f"client {k}'s inputs are not structured like client 0's "
+                                 "(every client needs the same tuple or dict of arrays)")
+            Xk, yk = inputs.normalize(Xk, f"client {k}'s X"), np.asarray(yk)
+            if inputs.num_rows(Xk) != yk.shape[0]:
+                raise ValueError(f"client {k}: X and y have different numbers of rows: "
+                                 f"{inputs.num_rows(Xk)} vs {yk.shape[0]}")
+            if yk.shape[0] == 0:
+                raise ValueError(f"client {k} has no data; every client needs at least one row")
+            inputs.check_finite(Xk)
+            check_finite("y", yk)
+            check_labels(yk, num_classes)
+            Xs.append(Xk)
+            ys.append(yk)
+        for i, a in enumerate(inputs.leaves(Xs[0])):
+            for k, Xk in enumerate(Xs):
+                b = inputs.leaves(Xk)[i]
+                if b.shape[1:] != a.shape[1:] or b.dtype != a.dtype:
+                    raise ValueError(f"client {k}'s input {i} has rows {b.shape[1:]} {b.dtype}, client 0's "
+                                     f"{a.shape[1:]} {a.dtype}: every client needs inputs of the same shape and type")
+        sizes = np.array([yk.shape[0] for yk in ys], dtype=np.int32)
+        n_max = int(sizes.max())
+        int_labels = num_classes is not None or all(np.issubdtype(v.dtype, np.integer) for v in ys)
+        ydt = np.int32 if int_labels else dtype
+
+        def pad(a, dt):
+            out = np.empty((n_max,) + a.shape[1:], dtype=dt)
+            out[: a.shape[0]] = a
+            out[a.shape[0]:] = a[:1]
+            return out
+
+        X = inputs.tree_map(lambda *a: np.stack([pad(x, x.dtype) for x in a]), *Xs)
+        y = np.stack([pad(v, ydt) for v in ys])
+        return cls(X, y, sizes, num_classes)
+
     @property
     def num_clients(self) -> int:
-        return int(self.X.shape[0])
+        return int(self.y.shape[0])
 
     @property
     def client_sizes(self) -> np.ndarray:
@@ -145,19 +204,19 @@ class FederatedData:
 
     @property
     def max_size(self) -> int:
-        return int(self.X.shape[1])
+        return int(self.y.shape[1])
 
     def client(self, k: int):
         """(X_k, y_k) of client k, without padding."""
         if not 0 <= k < self.num_clients:
             raise IndexError(f"client {k} out of range [0, {self.num_clients})")
         n = int(self.sizes[k])
-        return self.X[k, :n], self.y[k, :n]
+        return inputs.tree_map(lambda a: a[k, :n], self.X), self.y[k, :n]
 
     def pooled(self):
         """All rows of all clients, concatenated in client order."""
         Xs, ys = zip(*(self.client(k) for k in range(self.num_clients)))
-        return np.concatenate(Xs), np.concatenate(ys)
+        return inputs.tree_map(lambda *a: np.concatenate(a), *Xs), np.concatenate(ys)
 
     def client_data(self):
         """The stacked :class:`fedprob.potential.ClientData` (JAX arrays)."""
@@ -165,10 +224,10 @@ class FederatedData:
 
         from ..potential import ClientData
 
-        return ClientData(jnp.asarray(self.X), jnp.asarray(self.y), jnp.asarray(self.sizes))
+        return ClientData(inputs.tree_map(jnp.asarray, self.X), jnp.asarray(self.y), jnp.asarray(self.sizes))
 
     def __repr__(self) -> str:
         s = self.sizes
         return (f"FederatedData(num_clients={self.num_clients}, rows={self.num_rows}, "
                 f"sizes min/median/max={s.min()}/{int(np.median(s))}/{s.max()}, "
-                f"x_shape={self.X.shape[2:]}, num_classes={self.num_classes})")
+                f"x_shape={inputs.tree_map(lambda a: a.shape[2:], self.X)}, num_classes={self.num_classes})")

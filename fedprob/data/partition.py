@@ -59,6 +59,7 @@ from typing import Optional
 import numpy as np
 
 from ..names import check_name, checked_keywords, unknown
+from .. import inputs
 from .federated import FederatedData, check_xy
 
 SCHEMES = ("iid", "dirichlet", "label_sort", "shards", "groups", "feature_sort")
@@ -85,6 +86,10 @@ def partition(X, y, num_clients: Optional[int] = None, scheme: str = "iid", *, s
               feature=_UNSET) -> FederatedData:
     """Split ``(X, y)`` over ``num_clients`` clients with ``scheme``; see the module docstring.
 
+    ``X`` is one array, or several model inputs as a tuple or dict of arrays with one row each per
+    ``y`` entry (:mod:`fedprob.inputs`: each keeps its dtype, the model gets them as positional or
+    keyword arguments); schemes that read features see them flattened and concatenated.
+
     Returns ``FederatedData.from_clients(...)``: X as float32 (int32 if integer), y as int32 for
     classification (``num_classes`` set) and float32 for regression.
     Deterministic given ``seed``. Raises ValueError on bad input before any
@@ -93,10 +98,15 @@ def partition(X, y, num_clients: Optional[int] = None, scheme: str = "iid", *, s
     hyperparameters outside their range or passed to a scheme that does not
     use them.
     """
-    X = np.asarray(X)
     y = np.asarray(y)
     opts = dict(alpha=alpha, alpha_size=alpha_size, min_size=min_size, heterogeneity=heterogeneity,
                 classes_per_client=classes_per_client, groups=groups, feature=feature)
+    if inputs.is_structured(X):                 # several inputs: a tuple or dict of arrays, each its dtype
+        X = inputs.normalize(X)
+        parts, y_out, k_classes = _plan(inputs.matrix(X), y, num_clients, scheme, seed, num_classes, opts)
+        return FederatedData.from_clients([(inputs.take(X, idx), y_out[idx]) for idx in parts],
+                                          num_classes=k_classes)
+    X = np.asarray(X)
     parts, y_out, k_classes = _plan(X, y, num_clients, scheme, seed, num_classes, opts)
     return FederatedData.from_clients([(X[idx], y_out[idx]) for idx in parts], num_classes=k_classes)
 
@@ -112,7 +122,8 @@ def partition_indices(X, y, num_clients: Optional[int] = None, scheme: str = "ii
         if key not in _OPTIONS:
             raise ValueError(unknown("partition option", key, _OPTIONS))
     opts = {k: options.get(k, _UNSET) for k in _OPTIONS}
-    parts, _, _ = _plan(np.asarray(X), np.asarray(y), num_clients, scheme, seed, num_classes, opts)
+    X = inputs.matrix(inputs.normalize(X)) if inputs.is_structured(X) else np.asarray(X)
+    parts, _, _ = _plan(X, np.asarray(y), num_clients, scheme, seed, num_classes, opts)
     return parts
 
 

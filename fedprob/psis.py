@@ -1,0 +1,209 @@
+"""Pareto k-hat: is a client's Gaussian close enough to its own target?
+
+A Gaussian client (Laplace, SVI, IVON, a Gaussian moment-matched to a
+sampler's draws: EPMCMC, ConsensusMC, FedPA) replaces its target density
+``pi`` (the client posterior, sub-posterior or tilted distribution it
+approximates) by ``q = N(m, S)``. Draw ``z_s ~ q`` and take the importance
+ratios ``log w_s = log pi(z_s) - log q(z_s)`` (``pi`` unnormalised). Pareto
+smoothed importance sampling (Vehtari, Simpson, Gelman, Yao & Gabry 2024,
+"Pareto smoothed importance sampling", JMLR 25) fits a generalized Pareto
+distribution to the largest ``M = min(S / 5, 3 sqrt(S))`` ratios; its shape
+``k`` is the diagnostic:
+
+* ``k < 0.5``: the ratios have finite variance: ``q`` covers ``pi`` well;
+* ``0.5 <= k < 0.7``: usable, estimates of moments converge slowly;
+* ``k >= 0.7`` (:data:`KHAT_MAX`): ``pi`` has mass where ``q`` has almost
+  none (heavy tails, a funnel, skew): a Gaussian summary of this target, and
+  every product built from it, cannot be trusted.
+
+The shape is fitted by the empirical Bayes method of Zhang & Stephens (2009,
+Technometrics 51) as PSIS does: a grid of ``30 + sqrt(M)`` candidate values
+of ``b = -k / sigma`` weighted by their profile likelihood, the posterior mean
+of ``b``, then ``k`` shrunk toward 0.5 by a weak prior (10 pseudo-observations).
+Everything is a JAX function of fixed shapes, so it runs under ``jit`` and
+``vmap`` over clients.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .potential import make_target
+
+#: k-hat above which a client's Gaussian is flagged
+KHAT_MAX = 0.7
+#: draws of a client's Gaussian used for its k-hat (tail of min(S/5, 3 sqrt(S)) = 95 ratios)
+NUM_DRAWS = 1000
+#: above this many parameters no k-hat is computed: importance ratios of any Gaussian in hundreds
+#: of dimensions degenerate even where its marginals are right, so the diagnostic says nothing
+MAX_DIM = 100
+
+
+def _tail_size(S: int) -> int:
+    return int(min(S // 5, math.ceil(3.0 * math.sqrt(S))))
+
+
+def gpd_fit(x):
+    """(k, sigma) of a generalized Pareto fitted to exceedances ``x`` (M,) sorted ascending, >= 0.
+
+    Zhang & Stephens (2009) with the weakly informative prior of PSIS.
+    """
+    x = jnp.asarray(x)
+    n = x.shape[0]
+    m = 30 + int(math.sqrt(n))
+    xmax = jnp.maximum(x[-1], jnp.finfo(x.dtype).tiny)
+    quart = jnp.maximum(x[int(n / 4 + 0.5) - 1], jnp.finfo(x.dtype).tiny)
+    j = jnp.arange(1, m + 1, dtype=x.dtype)
+    b = 1.0 - jnp.sqrt(m / (j - 0.5))
+    b = b / (3.0 * quart) + 1.0 / xmax
+    k = jnp.mean(jnp.log1p(-b[:, None] * x[None, :]), axis=1)          # (m,) = -shape at each b
+    ll = n * (jnp.log(-(b / k)) - k - 1.0)                              # profile log likelihood
+    w = jax.nn.softmax(jnp.where(jnp.isfinite(ll), ll, -jnp.inf))
+    b_post = jnp.sum(w * b)
+    k_post = jnp.mean(jnp.log1p(-b_post * x))
+    sigma = -k_post / b_post
+    k_post = (n * k_post + 10.0 * 0.5) / (n + 10.0)
+    return k_post, sigma
+
+
+def pareto_khat(log_w, tol=0.0):
+    """PSIS k-hat of log importance ratios ``log_w`` (S,); non-finite ratios count as 0 weight.
+
+    Equal ratios (the proposal is the target: tail log ratios within ``tol`` of each other, the
+    rounding error of the log densities) give k-hat ``-inf``; no finite ratio at all (every draw
+    where the target is 0 or not finite) gives ``inf``.
+    """
+    log_w = jnp.asarray(log_w)
+    S = log_w.shape[0]
+    M = _tail_size(S)
+    log_w = jnp.where(jnp.isnan(log_w), -jnp.inf, log_w)
+    lw = jnp.sort(log_w - jnp.max(log_w))
+    cutoff = lw[S - M - 1]
+    x = jnp.exp(lw[S - M:]) - jnp.exp(cutoff)                          # exceedances over the cutoff
+    x = jnp.maximum(x, 0.0)
+    k, _ = gpd_fit(x)
+    equal = lw[-1] - cutoff <= tol
+    return jnp.where(jnp.isfinite(lw[-1]), jnp.where(equal | (x[-1] <= 0), -jnp.inf, k), jnp.inf)
+
+
+def rounding(*log_densities):
+    """The rounding error of log densities of their typical (median) size: a tolerance for equal ratios."""
+    big = sum(jnp.nanmedian(jnp.where(jnp.isfinite(a), jnp.abs(a), jnp.nan)) for a in log_densities)
+    big = jnp.where(jnp.isfinite(big), big, 0.0)
+    return 100.0 * jnp.finfo(log_densities[0].dtype).eps * big
+
+
+def gaussian_khat(key, potential, q, target, num_draws: int = NUM_DRAWS):
+    """k-hat of ``q`` (a :class:`~fedprob.posteriors.Gaussian`) as an importance proposal for
+    ``target`` (a :class:`~fedprob.potential.LocalTarget`, its full-batch log density)."""
+    z = q.sample(key, num_draws)
+    log_pi = jax.lax.map(lambda zz: potential.log_density(zz, target), z, batch_size=min(num_draws, 64))
+    log_q = jax.vmap(q.log_prob)(z)
+    return pareto_khat(log_pi - log_q, rounding(log_pi, log_q))
+
+
+def _khat_all_impl(potential, num_draws, q, targets, key):
+    K = jax.tree_util.tree_leaves(targets)[0].shape[0]
+    keys = jax.random.split(key, K)
+    return jax.vmap(lambda k, t: gaussian_khat(k, potential, q, t, num_draws))(keys, targets)
+
+
+_khat_all = jax.jit(_khat_all_impl, static_argnums=(0, 1))
+
+
+def _global_khat_impl(potential, num_draws, q, data, key):
+    K = data.n.shape[0]
+    z = q.sample(key, num_draws)
+
+    def log_post(zz):           # sum over clients of prior share 1/K and own likelihood
+        per = jax.vmap(lambda d: potential.log_density(zz, make_target(d, potential.dim, prior_weight=1.0 / K,
+                                                                          dtype=zz.dtype)))(data)
+        return jnp.sum(per)
+
+    log_pi = jax.lax.map(log_post, z, batch_size=min(num_draws, 32))
+    log_q = jax.vmap(q.log_prob)(z)
+    return pareto_khat(log_pi - log_q, rounding(log_pi, log_q))
+
+
+_global_khat = jax.jit(_global_khat_impl, static_argnums=(0, 1))
+
+
+def global_khat(potential, q, data, seed: int = 0) -> float:
+    """k-hat of a Gaussian global posterior ``q`` against the exact posterior ``p0(z) prod_k p(D_k | z)``.
+
+    Federated, this is one more exchange: the server sends ``NUM_DRAWS`` draws of ``q``, each client
+    returns its log likelihood at them, and the server sums (a masked sum, like every aggregate).
+    """
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), 29)
+    return float(_global_khat(potential, NUM_DRAWS, q, data, key))
+
+
+def client_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, seed: int = 0):
+    """(K,) per-client k-hat of a finished run (NaN for clients without one), or None when the method
+    has no Gaussian client.
+
+    Iterative Gaussian methods (``algorithm.gaussian_fits``: PVI, FedLap-Cov, BayesADMM, FedPA)
+    are checked once, after the last round, every client vmapped; one-round methods report
+    ``khat`` from their client update (:meth:`OneRoundAlgorithm.client_khat`), read here from
+    each client's latest included round.
+    """
+    K = ctx.num_clients
+    if not applies(ctx.potential):
+        return None
+    fits = None if data is None else algorithm.gaussian_fits(ctx, server_state, client_states, data)
+    if fits is not None:
+        q, targets = fits
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), 23)
+        return np.asarray(_khat_all(ctx.potential, NUM_DRAWS, q, targets, key), float)
+    out, found = np.full(K, np.nan), False
+    for entry in client_diagnostics or ():
+        if "khat" not in entry:
+            continue
+        found = True
+        ids = np.asarray(entry["participants"])
+        inc = np.asarray(entry["included"], bool)
+        out[ids[inc]] = np.asarray(entry["khat"], float)[inc]
+    return out if found else None
+
+
+def applies(potential) -> bool:
+    """Whether k-hat is computed for this model (at most :data:`MAX_DIM` parameters)."""
+    return potential.dim <= MAX_DIM
+
+
+def message(khat, global_k=None) -> str | None:
+    """The warning for per-client k-hats (K,) (NaN: none) and the global one (None: none), or None when
+    none is above :data:`KHAT_MAX`."""
+    parts = []
+    if global_k is not None and np.isfinite(global_k) and global_k > KHAT_MAX:
+        parts.append(f"the global Gaussian against the exact posterior: {global_k:.2f}")
+    if khat is not None:
+        khat = np.asarray(khat, float)
+        bad = np.flatnonzero(np.nan_to_num(khat, nan=-np.inf) > KHAT_MAX)
+        if bad.size:
+            order = bad[np.argsort(-khat[bad])]
+            shown = ", ".join(f"client {int(k)}: {khat[k]:.2f}" for k in order[:8])
+            more = f" and {order.size - 8} more" if order.size > 8 else ""
+            parts.append(f"{bad.size} of {int(np.sum(~np.isnan(khat)))} clients' Gaussians against their own "
+                         f"targets ({shown}{more})")
+    if not parts:
+        return None
+    return (f"Pareto k-hat above {KHAT_MAX} on " + "; on ".join(parts) + ": the Gaussian misses where the "
+            "target has mass (heavy tails, a funnel, skew), so the posterior built from it is unreliable. Use a "
+            "sampling client (NUTS, SGHMC) with a sample-based product (EPMCMC(method='semiparametric'), "
+            "PredictiveBayes, Ensemble), or make the hierarchical scale parameters client-local sites "
+            "(numpyro.sample(..., infer={'local': True}))")
+
+
+def warn(khat, global_k=None, stacklevel: int = 3) -> None:
+    m = message(khat, global_k)
+    if m is not None:
+        warnings.warn(m, RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+__all__ = ["KHAT_MAX", "NUM_DRAWS", "MAX_DIM", "gpd_fit", "pareto_khat", "gaussian_khat", "client_khats", "global_khat", "applies", "message",
+           "warn"]
