@@ -2,7 +2,7 @@
 
     fedprob demo [--out DIR] [--rounds R] [--quick] [--seed S]
     fedprob run CONFIG.toml [--out DIR] [--seed S] [--set table.key=value ...] [--force]
-    fedprob report RUN_DIR [--out FILE.html]
+    fedprob report RUN_DIR [--out FILE.html] [--reference FILE.npz]
     fedprob flower app|split|certs|supernode|local ...   (:mod:`fedprob.flower_cli`)
 
 The configuration keys are in :mod:`fedprob.config` (and ``fedprob run
@@ -62,14 +62,20 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import html_report, summary_rows
-    from .rundir import load_runs
+    from .report import html_report, reference_rows, summary_rows
+    from .rundir import load_reference, load_runs
 
     d = Path(args.run_dir)
     runs = load_runs(d)
     out = Path(args.out) if args.out else (d / "report.html")
-    html_report(runs, out, title=f"fedprob report: {d.name}")
+    ref = load_reference(args.reference if args.reference else d)
+    html_report(runs, out, title=f"fedprob report: {d.name}", reference=ref)
     print(format_table(summary_rows(runs)))
+    if ref is not None:
+        rows = reference_rows(runs, ref[1])
+        if rows:
+            print(f"against the reference ({ref[0]}):")
+            print(format_table(rows))
     for r in runs:
         excluded = {h["round"]: h["excluded"] for h in r["history"] if h.get("excluded")}
         if excluded:
@@ -175,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write RUN_DIR/report.html (one page, figures embedded)")
     rep.add_argument("run_dir", help="a run directory, or a directory of run directories (fedprob demo --out)")
     rep.add_argument("--out", help="the HTML file (default RUN_DIR/report.html)")
+    rep.add_argument("--reference", help="draws of a reference posterior (.npz, fedprob.rundir.save_reference) "
+                     "drawn beside each method's marginals (default RUN_DIR/reference.npz when present)")
     from . import flower_cli
 
     flower_cli.add_parser(sub)

@@ -6,6 +6,8 @@
 * :func:`reliability_diagram`: accuracy against confidence per bin (classification)
   or empirical against nominal interval coverage (regression), from a history entry.
 * :func:`marginals`: a posterior's 1-D marginals against a reference's (exact or NUTS draws).
+* :func:`method_marginals`: several methods' 1-D marginals of one site (kernel density
+  lines, a point estimate as a vertical line) beside a reference's (shaded).
 * :func:`client_contours`: per-client and global 2-sigma Gaussian contours on a 2-D slice
   of the flat parameter.
 * :func:`trace` and :func:`rank`: ArviZ's trace and rank plots of a posterior group.
@@ -142,6 +144,70 @@ def marginals(draws: dict, reference: dict, names=None, max_panels: int = 6):
     return fig
 
 
+def _kde(x, grid):
+    """Gaussian kernel density of the draws ``x`` on ``grid`` (Scott's bandwidth)."""
+    x = np.asarray(x, float)
+    h = 1.06 * x.std() * len(x) ** -0.2
+    if not h > 0:
+        return None
+    z = (grid[:, None] - x[None, :]) / h
+    return np.exp(-0.5 * z * z).sum(1) / (len(x) * h * np.sqrt(2 * np.pi))
+
+
+def method_marginals(methods: dict, site: str, reference=None, reference_name: str = "reference",
+                     max_coords: int = 4):
+    """The first ``max_coords`` coordinates of ``site``, one panel each: each method's marginal density.
+
+    methods: name -> (n, ...) draws of the site (n = 1: a point estimate, drawn as a vertical
+    dashed line); reference: optional (n, ...) draws, shaded grey. A density more than 1.6 times
+    the reference's peak is clipped at the top of its panel (an overconfident method is a spike).
+    """
+    plt = _plt()
+
+    def flat(a):                       # (n, *shape) -> (n, prod(shape)), coordinates in C order
+        a = np.asarray(a, float)
+        return a.reshape(a.shape[0], -1)
+
+    shape = np.shape(reference if reference is not None else next(iter(methods.values())))[1:]
+    ref = None if reference is None else flat(reference)
+    flat = {k: flat(v) for k, v in methods.items()}
+    d = int(np.prod(shape))
+    ncols = min(d, max_coords)
+    fig, axes = plt.subplots(1, ncols, figsize=(2.7 * ncols, 2.5), squeeze=False, layout="constrained")
+    handles = {}
+    for j, ax in enumerate(axes[0]):
+        cols = [a[:, j] for a in flat.values() if a.shape[1] > j] + ([ref[:, j]] if ref is not None else [])
+        lo, hi = np.percentile(np.concatenate(cols), [0.5, 99.5])
+        pts = [a[0, j] for a in flat.values() if a.shape[0] == 1 and a.shape[1] > j]
+        lo, hi = min([lo, *pts]), max([hi, *pts])
+        pad = 0.08 * (hi - lo) if hi > lo else 1.0
+        grid = np.linspace(lo - pad, hi + pad, 200)
+        top = None
+        if ref is not None:
+            dens = _kde(ref[:, j], grid)
+            if dens is not None:
+                handles[reference_name] = ax.fill_between(grid, dens, color="0.75", lw=0)
+                top = 1.6 * dens.max()
+        for i, (name, a) in enumerate(flat.items()):
+            if a.shape[1] <= j:
+                continue
+            color = f"C{i % 10}"
+            dens = _kde(a[:, j], grid) if a.shape[0] > 1 else None
+            if dens is None:
+                handles[name] = ax.axvline(a[0, j], color=color, ls="--", lw=1.2)
+            else:
+                handles[name], = ax.plot(grid, dens, color=color, lw=1.3)
+        if top is not None:
+            ax.set_ylim(0, top)
+        idx = ",".join(str(int(i)) for i in np.unravel_index(j, shape)) if shape else ""
+        ax.set_title(f"{site}[{idx}]" if idx else site, fontsize=9)
+        ax.set_yticks([])
+        ax.tick_params(labelsize=7)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=min(len(handles), 4),
+               fontsize=7, frameon=False)
+    return fig
+
+
 def _ellipse(mean, cov, n=100, r=2.0):
     t = np.linspace(0, 2 * np.pi, n)
     L = np.linalg.cholesky(cov + 1e-12 * np.eye(2))
@@ -220,4 +286,4 @@ def rank(idata, var_names=None):
     return np.atleast_1d(axes).ravel()[0].figure
 
 
-__all__ = ["learning_curves", "heterogeneity", "reliability_diagram", "marginals", "client_contours", "trace", "rank"]
+__all__ = ["learning_curves", "heterogeneity", "reliability_diagram", "marginals", "method_marginals", "client_contours", "trace", "rank"]

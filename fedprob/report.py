@@ -4,7 +4,8 @@
 it directly (``_repr_html_``, ``_repr_markdown_``). :func:`html_report`
 writes one HTML file (figures embedded as base64 PNG, no external files) with
 the configuration, timings, per-round metrics, diagnostics and plots of one
-or several runs.
+or several runs, and each method's posterior marginals beside a reference
+posterior (pooled NUTS, an exact Gaussian) when one is given.
 """
 from __future__ import annotations
 
@@ -101,6 +102,133 @@ def _nonempty(rows) -> list:
     return [{c: r.get(c, "") for c in cols} for r in rows]
 
 
+#: the columns of the comparison with the reference and what they mean
+REFERENCE_LEGEND = {
+    "method": "the algorithm, in run order",
+    "kind": "what its posterior is: draws, a Gaussian, an ensemble, or a point estimate (no spread)",
+    "coords": "coordinates compared: every coordinate of the sites the method and the reference share",
+    "mean_err_median": "median over coordinates of |method mean - reference mean| / reference sd",
+    "mean_err_max": "the largest of those standardised mean errors",
+    "sd_ratio_median": "median over coordinates of method sd / reference sd: 1 is the reference's spread, "
+                       "below 1 overconfident (empty for a point estimate)",
+    "sd_ratio_min": "the smallest of those ratios",
+    "sd_ratio_max": "the largest of those ratios",
+}
+
+
+def method_draws(run) -> Optional[dict]:
+    """dict site -> (n, *site shape) draws of a run record's global posterior (n = 1 for a point estimate);
+    None when the run has no parameter posterior (a predictive-space method) or no ArviZ data."""
+    import numpy as np
+
+    from .diagnostics import group
+
+    idata = run.get("idata")
+    post = group(idata, "posterior") if idata is not None else None
+    if post is None:
+        return None
+    out = {}
+    for k in post.data_vars:
+        a = np.asarray(post[k], dtype=np.float64)
+        out[str(k)] = a.reshape((-1,) + a.shape[2:])
+    return out
+
+
+def reference_rows(runs, reference: dict) -> list:
+    """One row per run that has a parameter posterior: its standardised mean errors and sd ratios against
+    ``reference`` (dict site -> draws) over every coordinate of the sites both have (:data:`REFERENCE_LEGEND`)."""
+    import numpy as np
+
+    rows = []
+    for r in runs:
+        draws = method_draws(r)
+        if draws is None:
+            continue
+        err, ratio = [], []
+        for site, ref in reference.items():
+            a = draws.get(site)
+            if a is None or a.shape[1:] != ref.shape[1:]:
+                continue
+            a, b = a.reshape(a.shape[0], -1), ref.reshape(ref.shape[0], -1)
+            sd_ref = b.std(0, ddof=1)
+            err.append(np.abs(a.mean(0) - b.mean(0)) / sd_ref)
+            if a.shape[0] > 1:
+                ratio.append(a.std(0, ddof=1) / sd_ref)
+        if not err:
+            continue
+        err = np.concatenate(err)
+        kind = (getattr(r.get("idata"), "attrs", {}) or {}).get("kind", "")
+        row = {"method": r["name"], "kind": kind, "coords": int(err.size),
+               "mean_err_median": float(np.median(err)), "mean_err_max": float(err.max())}
+        if ratio:
+            ratio = np.concatenate(ratio)
+            row.update(sd_ratio_median=float(np.median(ratio)), sd_ratio_min=float(ratio.min()),
+                       sd_ratio_max=float(ratio.max()))
+        rows.append(row)
+    cols = [c for c in REFERENCE_LEGEND if any(c in row for row in rows)]
+    return [{c: row.get(c, "") for c in cols} for row in rows]
+
+
+def _as_reference(reference, reference_name):
+    """(name, dict site -> draws) or None, from what :func:`html_report` accepts as ``reference``."""
+    from .rundir import load_reference, reference_draws
+
+    if reference is None:
+        return None
+    if isinstance(reference, (str, Path)):
+        loaded = load_reference(reference)
+        if loaded is None:
+            return None
+        return (reference_name or loaded[0]), loaded[1]
+    if isinstance(reference, tuple) and len(reference) == 2 and isinstance(reference[0], str):
+        return (reference_name or reference[0]), reference_draws(reference[1])
+    return (reference_name or "reference"), reference_draws(reference)
+
+
+def _marginals_section(runs, ref, plots, max_sites: int = 6, max_coords: int = 4) -> str:
+    """Each method's marginals of the first ``max_coords`` coordinates of the first ``max_sites`` sites,
+    beside the reference when one is given, and the comparison table."""
+    methods = {r["name"]: d for r in runs if (d := method_draws(r)) is not None}
+    if not methods:
+        return ""
+    parts = ["<section id='marginals'><h2>Posterior marginals</h2>"]
+    if ref is None:
+        sites = list(dict.fromkeys(k for d in methods.values() for k in d))
+        parts.append("<p class='meta'>No reference posterior was given: pass <code>reference=</code> to the "
+                     "report (pooled NUTS draws, an exact posterior), or save one as RUN_DIR/reference.npz "
+                     "with <code>fedprob.rundir.save_reference</code> (<code>fedprob report RUN_DIR --reference "
+                     "FILE.npz</code>).</p>")
+    else:
+        name, draws = ref
+        sites = [k for k in draws if any(k in d for d in methods.values())]
+        n = next(iter(draws.values())).shape[0]
+        parts.append(f"<p class='meta'>Beside the reference: {html.escape(name)} ({n} draws, shaded). "
+                     "Lines are kernel densities of each method's draws; a dashed vertical line is a point "
+                     "estimate.</p>")
+        if not sites:
+            parts.append("<p>The reference shares no site with the methods' posteriors: sites "
+                         f"{html.escape(', '.join(draws))}.</p></section>")
+            return "".join(parts)
+    shown = sites[:max_sites]
+    for site in shown:
+        per = {m: d[site] for m, d in methods.items() if site in d}
+        refd = ref[1][site] if ref is not None else None
+        parts.append(f"<h3>{html.escape(site)}</h3>" + figure_html(
+            plots.method_marginals(per, site, reference=refd, reference_name=ref[0] if ref else "reference",
+                                   max_coords=max_coords), f"marginals of {site}"))
+    if len(sites) > len(shown):
+        parts.append(f"<p class='meta'>{len(sites) - len(shown)} more site(s) not drawn: "
+                     f"{html.escape(', '.join(sites[len(shown):]))}.</p>")
+    if ref is not None:
+        rows = reference_rows(runs, ref[1])
+        if rows:
+            parts.append(f"<h3>Against the reference</h3>{_wrap(html_table(rows))}<dl class='legend'>"
+                         + "".join(f"<dt>{html.escape(c)}</dt><dd>{html.escape(REFERENCE_LEGEND[c])}</dd>"
+                                   for c in rows[0]) + "</dl>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def _header(runs) -> str:
     info = next((r["info"] for r in runs if r.get("info")), {})
     fed = info.get("federation", {})
@@ -117,7 +245,8 @@ def _header(runs) -> str:
     return "".join(parts)
 
 
-def html_report(runs, path, title: str = "fedprob report") -> str:
+def html_report(runs, path, title: str = "fedprob report", reference=None,
+                reference_name: Optional[str] = None) -> str:
     """Write one HTML page for ``runs``: a list of dicts (see :func:`fedprob.rundir.load_run`), in run order.
 
     Each run dict has ``name``, ``config`` (dict), ``history`` (list of
@@ -126,8 +255,17 @@ def html_report(runs, path, title: str = "fedprob report") -> str:
     the federation, library versions: :func:`fedprob.rundir.run_info`).
     The page: a header (data, clients, versions), contents, a summary of
     the columns that matter with a legend (every final metric folded below
-    it), learning curves, the federation's heterogeneity, then one section
+    it), learning curves, the federation's heterogeneity, the posterior
+    marginals of each method (beside ``reference`` when given, with a table
+    of standardised mean errors and sd ratios against it), then one section
     per run (configuration, metrics, diagnostics, plots). Returns the path.
+
+    reference: a reference posterior in any form
+    :func:`fedprob.rundir.reference_draws` takes (dict site -> draws, such as
+    pooled NUTS's ``get_samples()``; a posterior; a Result; ArviZ data; the
+    path of a ``reference.npz`` or of a directory holding one), or a tuple
+    ``(name, draws)`` as :func:`fedprob.rundir.load_reference` returns;
+    ``reference_name`` says what it is ("pooled NUTS", "exact").
     """
     from . import plots
     from .extras import require
@@ -156,6 +294,10 @@ def html_report(runs, path, title: str = "fedprob report") -> str:
         body.append("<section id='federation'><h2>Federation</h2>" + figure_html(
             plots.heterogeneity(fed["sizes"], fed.get("label_counts")), "client sizes and label histograms")
             + "</section>")
+    marg = _marginals_section(runs, _as_reference(reference, reference_name), plots)
+    if marg:
+        contents.append(("marginals", "Posterior marginals"))
+        body.append(marg)
     for i, r in enumerate(runs):
         anchor = _slug(r["name"], i)
         contents.append((anchor, r["name"]))
@@ -205,11 +347,13 @@ def _run_section(r, plots) -> str:
     return "".join(parts)
 
 
-def result_report(result, path, name: Optional[str] = None) -> str:
-    """:func:`html_report` of one in-memory :class:`~fedprob.result.Result`."""
+def result_report(result, path, name: Optional[str] = None, reference=None,
+                  reference_name: Optional[str] = None) -> str:
+    """:func:`html_report` of one in-memory :class:`~fedprob.result.Result` (``reference`` as there)."""
     from .extras import require
     from .rundir import run_record
 
     require("plot", "result.report(...)")
     return html_report([run_record(result, name=name)], path, title=f"fedprob report: "
-                       f"{name or type(result.algorithm).__name__}")
+                       f"{name or type(result.algorithm).__name__}", reference=reference,
+                       reference_name=reference_name)

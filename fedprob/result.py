@@ -110,11 +110,13 @@ class Result:
         return summary(self.posterior, chains=_chains_of(self), num_draws=num_draws, seed=seed, prob=prob,
                        title=f"posterior summary: {type(self.algorithm).__name__}")
 
-    def report(self, path, name: Optional[str] = None) -> str:
-        """Write a self-contained HTML report of this result to ``path``; returns the path."""
+    def report(self, path, name: Optional[str] = None, reference=None, reference_name: Optional[str] = None) -> str:
+        """Write a self-contained HTML report of this result to ``path``; returns the path. ``reference``:
+        a reference posterior (e.g. pooled NUTS's draws, dict site -> draws) whose marginals the page
+        draws beside this posterior's (:func:`fedprob.report.html_report`)."""
         from .report import result_report
 
-        return result_report(self, path, name=name)
+        return result_report(self, path, name=name, reference=reference, reference_name=reference_name)
 
 
 def keep_draw_stats(store: dict, per_draw: dict, participants, included, K: int) -> None:

@@ -17,6 +17,13 @@ Layout (arrays and text only, no pickle)::
                        the data and split, library versions, and when the run was saved (the
                        report lists runs in that order)
 
+Beside the runs (in the directory that holds them, or in a single run's
+directory) an optional ``reference.npz`` holds draws of a reference
+posterior (pooled NUTS, an exact Gaussian, ...): one array ``(n, *site
+shape)`` of constrained draws per site, and ``__name__`` (what it is);
+:func:`save_reference` writes it and ``fedprob report`` draws the methods'
+marginals beside it.
+
 An existing non-empty directory is not overwritten unless ``overwrite=True``.
 """
 from __future__ import annotations
@@ -163,6 +170,76 @@ def save_run(out, result, config: Optional[dict] = None, total_time: Optional[fl
     return out
 
 
+REFERENCE_FILE = "reference.npz"
+
+
+def reference_draws(reference, num_draws: int = 4000, seed: int = 0) -> dict:
+    """A reference posterior as ``dict site -> (n, *site shape)`` numpy draws (constrained).
+
+    ``reference`` is such a dict already (e.g. pooled NUTS's ``mcmc.get_samples()``,
+    or draws of an exact Gaussian), a global posterior or anything with
+    ``sample(key, n)`` returning that dict (``num_draws`` draws), a
+    :class:`~fedprob.result.Result` (its posterior), ArviZ data (its
+    ``posterior`` group, chains stacked), or the path of a ``reference.npz``.
+    """
+    from . import diagnostics as D
+
+    if isinstance(reference, (str, Path)):
+        return load_reference(reference)[1]
+    if hasattr(reference, "posterior") and hasattr(reference, "algorithm"):      # a Result
+        reference = reference.posterior
+    if hasattr(reference, "sample") and not isinstance(reference, dict):
+        import jax
+
+        reference = reference.sample(jax.random.PRNGKey(seed), num_draws)
+    elif not isinstance(reference, dict):
+        post = D.group(reference, "posterior")
+        if post is None:
+            raise TypeError("a reference is a dict site -> draws, a posterior, a Result, ArviZ data with a "
+                            f"posterior group, or the path of a reference.npz; got {type(reference).__name__}")
+        reference = {k: np.asarray(post[k]).reshape((-1,) + np.asarray(post[k]).shape[2:]) for k in post.data_vars}
+    out = {}
+    for k, v in reference.items():
+        a = np.asarray(v, dtype=np.float64)
+        if a.ndim == 0 or a.shape[0] < 2:
+            raise ValueError(f"reference site {k!r}: expected (num_draws, ...) draws with at least 2 draws, "
+                             f"got shape {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"reference site {k!r} has non-finite draws")
+        out[str(k)] = a
+    if not out:
+        raise ValueError("the reference has no sites")
+    return out
+
+
+def save_reference(path, reference, name: str = "reference", num_draws: int = 4000, seed: int = 0) -> Path:
+    """Write a reference posterior (any form :func:`reference_draws` takes) as ``path/reference.npz``
+    (``path`` a directory) or to ``path`` (a ``.npz`` file); ``name`` says what it is (``"pooled NUTS"``)."""
+    draws = reference_draws(reference, num_draws, seed)
+    path = Path(path)
+    if path.suffix != ".npz":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / REFERENCE_FILE
+    np.savez(path, __name__=np.array(str(name)), **draws)
+    return path
+
+
+def load_reference(path):
+    """(name, dict site -> draws) from ``path`` (a ``.npz`` file, or a directory holding ``reference.npz``);
+    None when a directory holds none."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / REFERENCE_FILE
+        if not path.exists():
+            return None
+    if not path.exists():
+        raise FileNotFoundError(f"no reference file {path}")
+    with np.load(path, allow_pickle=False) as f:
+        name = str(f["__name__"]) if "__name__" in f.files else path.stem
+        draws = {k: np.asarray(f[k]) for k in f.files if k != "__name__"}
+    return name, reference_draws(draws)
+
+
 def is_run_dir(path) -> bool:
     return (Path(path) / "history.json").exists()
 
@@ -201,4 +278,4 @@ def load_runs(path) -> list:
     return sorted(recs, key=lambda r: (r.get("info", {}).get("saved", math.inf), r["name"]))
 
 
-__all__ = ["save_run", "federation_info", "versions", "run_info", "load_run", "load_runs", "run_record", "posterior_arrays", "prepare", "is_run_dir"]
+__all__ = ["save_reference", "load_reference", "reference_draws", "REFERENCE_FILE", "save_run", "federation_info", "versions", "run_info", "load_run", "load_runs", "run_record", "posterior_arrays", "prepare", "is_run_dir"]
