@@ -207,6 +207,7 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
     groups = {}
     attrs = {"algorithm": type(result.algorithm).__name__, "kind": kind, "description": desc}
     site_dims = {}
+    attrs.update(product_checks(result))
     if z is not None:
         post = _constrain(pot, z)
         groups["posterior"] = D._dataset(post, attrs=attrs)
@@ -255,7 +256,8 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                 "description": "draws of y from the pooled (product) predictive, one chain; no per-draw "
                                "likelihood exists, so log_likelihood is absent and az.loo does not apply"})
     idata = D.make_inference_data(groups)
-    attrs = {"algorithm": type(result.algorithm).__name__, "kind": kind, "no_posterior": desc if z is None else ""}
+    attrs = {"algorithm": type(result.algorithm).__name__, "kind": kind, "no_posterior": desc if z is None else "",
+             **product_checks(result)}
     if getattr(result, "global_khat", None) is not None:
         attrs["pareto_khat_global"] = float(result.global_khat)
     khat = getattr(result, "client_khat", None)
@@ -312,6 +314,26 @@ def _pooled_predictive_draws(post, X, n, key):
     return np.asarray(mean + jnp.sqrt(var) * jax.random.normal(key, (n,) + jnp.shape(mean)))
 
 
+def product_checks(result) -> dict:
+    """The checks of a product of client posteriors in its ``info``, as flat numbers: ``mc_error_sd_ratio``
+    (the Monte Carlo sd of the product's mean over its posterior sd, largest coordinate) and
+    ``mc_error_sd_ratio_<site>`` per model site, ``mc_error_target`` and ``diag_bias_sd`` (a diagonal
+    product's estimated bias in posterior sds); empty for other posteriors."""
+    info = getattr(result.posterior, "info", None) or {}
+    out = {}
+    if "mc_error_sd_ratio" in info:
+        out["mc_error_sd_ratio"] = float(info["mc_error_sd_ratio"])
+        per = info.get("mc_error_sd_ratios")
+        if per is not None:
+            per = np.asarray(per, np.float64)
+            for site in result.context.potential.sites:
+                out[f"mc_error_sd_ratio_{site.name}"] = float(np.max(per[site.offset:site.offset + site.size]))
+    for k in ("mc_error_target", "diag_bias_sd"):
+        if k in info and info[k] is not None:
+            out[k] = float(info[k])
+    return out
+
+
 # -- diagnostics table --------------------------------------------------------------------------
 
 def diagnostics_rows(result, num_draws: int = 1000, seed: int = 0) -> list:
@@ -324,6 +346,13 @@ def diagnostics_rows(result, num_draws: int = 1000, seed: int = 0) -> list:
         gk = getattr(result, "global_khat", None)
         if gk is not None:
             r["khat"] = float(gk)
+        checks = product_checks(result)
+        if "mc_error_sd_ratio" in checks:
+            r["mc_error_sd_ratio"] = checks["mc_error_sd_ratio"]
+            r["mc_error_by_site"] = ", ".join(f"{k[len('mc_error_sd_ratio_'):]}: {v:.3g}" for k, v in checks.items()
+                                              if k.startswith("mc_error_sd_ratio_"))
+        if "diag_bias_sd" in checks:
+            r["diag_bias_sd"] = checks["diag_bias_sd"]
         rows.append(r)
     cl = client_chains(result)
     stats = _stats(result)

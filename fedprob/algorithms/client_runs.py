@@ -67,8 +67,8 @@ class FromClientPhase(Algorithm):
 
     def client_update(self, ctx, server_state, client_state, data, key):
         _, k_msg = jax.random.split(key)
-        message = self.inner.make_message(ctx, data.result, k_msg)
         rows = ClientData(data.X, data.y, data.n)
+        message = self.inner.client_message(ctx, rows, data.result, k_msg)
         diagnostics = {**data.result.diagnostics, **self.inner.client_khat(ctx, data.result, rows, k_msg)}
         return client_state, (client_state, message), diagnostics
 
@@ -84,13 +84,15 @@ class FromClientPhase(Algorithm):
 class ClientRuns(NamedTuple):
     """One client phase: ``results`` (a ClientResult stacked over the K clients), the (K,) ``mask``
     of clients whose results are finite, the ``prior_weight`` they used, the ``context`` and the
-    server ``key``."""
+    server ``key``, and the clients' stacked ``data`` (:class:`~fedprob.potential.ClientData`) for
+    the parts of a message computed from a client's target."""
 
     context: Context
     results: Any
     mask: Array
     prior_weight: float
     key: Array
+    data: Any = None
 
 
 def run_clients(backend, model, fed, seed: int = 0, prior_weight: float = 1.0, shared_start: bool = True,
@@ -113,13 +115,13 @@ def run_clients(backend, model, fed, seed: int = 0, prior_weight: float = 1.0, s
     ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
     key = jax.random.PRNGKey(seed)
     k_server, k_start, k_run = jax.random.split(key, 3)
-    results, mask = _run_all(backend, ctx, float(prior_weight), bool(shared_start), fed.client_data(),
-                             k_start, k_run)
+    data = fed.client_data()
+    results, mask = _run_all(backend, ctx, float(prior_weight), bool(shared_start), data, k_start, k_run)
     bad = np.flatnonzero(~np.asarray(mask))
     if bad.size:
         warnings.warn(f"run_clients: the results of client(s) {bad.tolist()} are not finite; they are masked "
                       "out of every aggregate", RuntimeWarning, stacklevel=2)
-    return ClientRuns(ctx, results, mask, float(prior_weight), k_server)
+    return ClientRuns(ctx, results, mask, float(prior_weight), k_server, data)
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3))
@@ -152,7 +154,8 @@ def aggregate(algorithms, runs: ClientRuns, key=None) -> list:
         if abs(s - runs.prior_weight) > 1e-9 * max(1.0, abs(s)):
             raise ValueError(f"{type(algo).__name__} needs clients run with prior share {s:g}, these used "
                              f"{runs.prior_weight:g} (run_clients(..., prior_weight={s:g}))")
-        out.append(algo.posterior_from_results(ctx, runs.results, runs.key if key is None else key, runs.mask))
+        out.append(algo.posterior_from_results(ctx, runs.results, runs.key if key is None else key, runs.mask,
+                                               data=runs.data))
     return out
 
 

@@ -90,6 +90,7 @@ class ConsensusMC(GaussianProductAlgorithm):
         Wsum, WX = sums["weight"], sums["weighted_draws"]           # (d[, d]), (S, d)
         diag = self.family == "diag"
         missing = (ctx.num_clients - Kp) / ctx.num_clients
+        g0 = None
         if missing > 0:
             k_prior, k_draw = jax.random.split(server_state.key)
             g0, _ = gauss.prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
@@ -105,6 +106,7 @@ class ConsensusMC(GaussianProductAlgorithm):
         if C > 1 and WX.shape[0] % C == 0:
             info["num_chains"] = C          # draws chain-major: combined chain c = every client's chain c
         info.update(monte_carlo_check("ConsensusMC", Wsum, sums["mc"], ids, ess))
+        info.update(self.diag_bias_info("ConsensusMC", sums, sums["weight"], g0, Kp))
         return GlobalPosterior(ctx.potential, Samples(combined), info=info)
 
 

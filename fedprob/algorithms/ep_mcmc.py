@@ -155,6 +155,7 @@ class EPMCMC(GaussianProductAlgorithm):
                                              name="EPMCMC", stacked=False)
             info.update(ginfo)
             info.update(monte_carlo_check("EPMCMC", g.precision, sums["mc"], ids, ess))
+            info.update(self.diag_bias_info("EPMCMC", sums, sums["precision"], g0.power(power), Kp))
             return GlobalPosterior(ctx.potential, g, info=info)
         draws, cinfo = kde_product_sample(
             k_chain, msgs["draws"], num_samples=self.num_samples, bandwidth=self.bandwidth,

@@ -18,7 +18,7 @@ def monte_carlo_check(name: str, precision, mc_sum, ids, ess, threshold: float =
     Returns info entries: ``mc_error_sd_ratio`` (the largest over
     coordinates of ``sd_mc(mean_i) / sd(posterior_i)``,
     :func:`fedprob.gaussian.relative_mean_error`), ``mc_error_coordinate``
-    (where), ``client_ess`` (client id -> smallest ESS). The product is about
+    (where), ``mc_error_sd_ratios`` (every coordinate's), ``client_ess`` (client id -> smallest ESS). The product is about
     sqrt(K) narrower than each client, while every client's mean carries its
     own sampling error ``sd_k / sqrt(ESS_k)``: few effective draws per client
     leave the product's mean off by a visible fraction of its sd. The
@@ -31,7 +31,7 @@ def monte_carlo_check(name: str, precision, mc_sum, ids, ess, threshold: float =
     i = int(np.argmax(ratio))
     r = float(ratio[i])
     ess = np.where(np.asarray(ess) >= 0.99 * np.finfo(np.float32).max, np.inf, ess)    # exact Gaussian output
-    info = {"mc_error_sd_ratio": r, "mc_error_coordinate": i,
+    info = {"mc_error_sd_ratio": r, "mc_error_coordinate": i, "mc_error_sd_ratios": ratio.tolist(),
             "client_ess": {int(k): float(e) for k, e in zip(ids, ess)}}
     if r > threshold:
         order = np.argsort(ess)[:3]

@@ -22,6 +22,8 @@ from ..potential import make_target
 from ..validation import check_choice, check_int  # noqa: F401  (re-exported to the methods)
 from .aliases import alias_field, resolve_family
 from .base import Algorithm, Context, masked_sum
+from .diag_bias import diag_bias_check, diag_probe
+from .messages import result_gaussian
 
 Array = jax.Array
 
@@ -124,6 +126,13 @@ class OneRoundAlgorithm(Algorithm):
         target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx), dtype=g.linear.dtype)
         return {"khat": psis.gaussian_khat(jax.random.fold_in(key, 17), ctx.potential, g, target)}
 
+    def client_message(self, ctx: Context, data, result, key):
+        """The message of a client whose rows (:class:`~fedprob.potential.ClientData`) are at hand:
+        :meth:`make_message`, plus what a method computes from the client's target (the
+        off-diagonal curvature probe of a diagonal Gaussian product,
+        :mod:`fedprob.algorithms.diag_bias`)."""
+        return self.make_message(ctx, result, key)
+
     # -- protocol ------------------------------------------------------------------------------
     def run_client(self, ctx: Context, data, key, start_key=None):
         """Run the backend on this client's target (prior share from :meth:`prior_weight`).
@@ -144,7 +153,7 @@ class OneRoundAlgorithm(Algorithm):
         k_run, k_msg = jax.random.split(key)
         result = self.run_client(ctx, data, k_run, start_key)
         diagnostics = {**result.diagnostics, **self.client_khat(ctx, result, data, k_msg)}
-        return self.make_message(ctx, result, k_msg), diagnostics
+        return self.client_message(ctx, data, result, k_msg), diagnostics
 
     def init(self, ctx: Context, key, data):
         """Empty server state shaped like one client's message (traced, not run) and client ids 0..K-1.
@@ -200,7 +209,7 @@ class OneRoundAlgorithm(Algorithm):
         return msgs, jnp.asarray(np.asarray(server_state.sizes)[ids]), ids
 
     # -- one set of client runs, several aggregates ----------------------------------------------
-    def posterior_from_results(self, ctx: Context, results, key=None, mask=None, sizes=None):
+    def posterior_from_results(self, ctx: Context, results, key=None, mask=None, sizes=None, data=None):
         """This method's posterior from client results computed elsewhere (no client is re-run).
 
         results: a :class:`~fedprob.protocols.ClientResult` (or a bare
@@ -210,8 +219,11 @@ class OneRoundAlgorithm(Algorithm):
         method asks for (:meth:`prior_weight`; not checked here, see
         :func:`aggregate`). key: the server key (default ``PRNGKey(0)``);
         mask: (K,) clients to use (default all); sizes: (K,) N_k (default
-        ``ctx.client_sizes``). Messages are built with :meth:`make_message`,
-        then one ``server_update`` and ``posterior`` run as in ``fp.run``.
+        ``ctx.client_sizes``); data: the clients' stacked
+        :class:`~fedprob.potential.ClientData` (``run_clients(...).data``), for the parts of a
+        message computed from a client's target (:meth:`client_message`; without it they are
+        left out). Messages are built, then one ``server_update`` and ``posterior`` run as in
+        ``fp.run``.
         """
         K = ctx.num_clients
         lead = {np.shape(a)[0] for a in jax.tree_util.tree_leaves(results)}
@@ -222,7 +234,8 @@ class OneRoundAlgorithm(Algorithm):
             results = ClientResult(results, results.mean(), {})
         key = jax.random.PRNGKey(0) if key is None else key
         keys = jax.random.split(jax.random.fold_in(key, 2), K)
-        payload = _messages(self, ctx, results, keys)
+        payload = _messages(self, ctx, results, keys) if data is None else _data_messages(self, ctx, data, results,
+                                                                                           keys)
         shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), payload)
         state = self.empty_state(ctx, key, shapes)
         mask = jnp.ones((K,), bool) if mask is None else jnp.asarray(mask, bool)
@@ -234,6 +247,11 @@ class OneRoundAlgorithm(Algorithm):
 @partial(jax.jit, static_argnums=(0, 1))
 def _messages(algo, ctx, results, keys):
     return jax.vmap(lambda r, k: algo.make_message(ctx, r, k))(results, keys)
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _data_messages(algo, ctx, data, results, keys):
+    return jax.vmap(lambda d, r, k: algo.client_message(ctx, d, r, k))(data, results, keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +320,11 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
     Gaussian backend is refused). num_samples: draws taken from a Gaussian
     client output; jitter: added to each sample covariance, relative to its
     mean variance; num_prior_samples: prior draws for moment matching a
-    non-Gaussian prior.
+    non-Gaussian prior; bias_probes: with ``family="diag"``, the number of
+    Hessian-vector products each client spends probing the off-diagonal
+    curvature its diagonal message drops (exact when d <= bias_probes; 0: no
+    probe), from which the server estimates the diagonal product's bias and
+    warns (:mod:`fedprob.algorithms.diag_bias`).
     """
 
     family: Optional[str] = None
@@ -310,12 +332,16 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
     jitter: float = 1e-6
     num_prior_samples: int = 2000
     covariance: Any = alias_field()
+    bias_probes: int = 16
 
     def __post_init__(self):
         super().__post_init__()
         resolve_family(self, "full")
         check_int("num_samples", self.num_samples, 2)
         check_int("num_prior_samples", self.num_prior_samples, 2)
+        check_int("bias_probes", self.bias_probes, 0)
+        if self.family == "diag" and self.bias_probes == 1:
+            raise ValueError("bias_probes must be 0 (no probe) or at least 2 (the estimate pairs distinct probes)")
         if not self.jitter >= 0:
             raise ValueError(f"jitter must be >= 0, got {self.jitter}")
 
@@ -328,6 +354,32 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
 
             return gauss.moment_match(post.draws, self.family == "diag", self.jitter, warn=False)
         return super().gaussian_fit(ctx, result)
+
+
+    def probes_diag_bias(self) -> bool:
+        """True when clients probe the curvature a diagonal product drops (``family="diag"``, a
+        summing server, ``bias_probes > 0``)."""
+        return self.family == "diag" and self.bias_probes > 0 and self.sums_messages()
+
+    def client_message(self, ctx: Context, data, result, key):
+        """:meth:`make_message`, plus the off-diagonal probe when :meth:`probes_diag_bias`."""
+        msg = self.make_message(ctx, result, key)
+        if not self.probes_diag_bias():
+            return msg
+        g = result_gaussian(result, True, self.jitter)
+        probe = diag_probe(ctx.potential, data, self.prior_weight(ctx), g.mean(), g.precision, self.bias_probes)
+        return {**msg, **probe}
+
+    def diag_bias_info(self, name: str, sums: dict, precision, prior=None, num_clients: int = 0) -> dict:
+        """The diagonal product's bias from the summed probes (empty when none were sent):
+        precision ``sum_k D_k``; prior: the diagonal Gaussian the product added (or None)."""
+        if not self.probes_diag_bias() or "probe" not in sums:
+            return {}
+        lin = sums["probe_linear"]
+        p0 = jnp.zeros_like(lin) if prior is None else prior.precision
+        l0 = jnp.zeros_like(lin) if prior is None else prior.linear
+        mean = (lin + l0) / (precision + p0)
+        return diag_bias_check(name, sums, mean, precision, l0, p0, self.bias_probes, num_clients)
 
 
 __all__ = ["OneRoundState", "SumState", "check_client", "OneRoundAlgorithm", "SummingOneRoundAlgorithm",
