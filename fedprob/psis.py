@@ -193,10 +193,10 @@ def message(khat, global_k=None) -> str | None:
     if not parts:
         return None
     return (f"Pareto k-hat above {KHAT_MAX} on " + "; on ".join(parts) + ": the Gaussian misses where the "
-            "target has mass (heavy tails, a funnel, skew), so the posterior built from it is unreliable. Use a "
-            "sampling client (NUTS, SGHMC) with a sample-based product (EPMCMC(method='semiparametric'), "
-            "PredictiveBayes, Ensemble), or make the hierarchical scale parameters client-local sites "
-            "(numpyro.sample(..., infer={'local': True}))")
+            "target has mass (heavy tails, a funnel, skew, or correlations a diagonal Gaussian drops), so the "
+            "posterior built from it is unreliable. Use a full-covariance family (family='full') where the "
+            "target is near Gaussian but correlated, or a sampling client (NUTS, SGHMC) with a sample-based "
+            "product (EPMCMC(method='semiparametric'), PredictiveBayes, Ensemble)")
 
 
 def warn(khat, global_k=None, stacklevel: int = 3) -> None:

@@ -129,10 +129,13 @@ def test_through_run_in_diagnostics_and_arviz():
     assert "diag_bias_sd" not in full.posterior.info
     np.testing.assert_allclose(np.ravel(full.posterior.mean["w"]), m, atol=0.01 * sd.min())
     off = fp.algorithms.EPMCMC(client=fp.inference.Laplace(hessian="diag"), bias_probes=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         r0 = fp.run(off, linreg_model(1.0, SIGMA), fed, rounds=1, seed=0, progress=False)
     assert "diag_bias_sd" not in r0.posterior.info
+    # no bias check without probes; the diagonal Gaussians of these correlated clients still fail PSIS
+    assert not [w for w in caught if "diag_bias_sd" in str(w.message)]
+    assert any("k-hat" in str(w.message) and "family='full'" in str(w.message) for w in caught)
 
 
 def test_bad_probe_count_fails_early():

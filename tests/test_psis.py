@@ -102,7 +102,7 @@ def test_funnel_warns_once_naming_clients_and_reports_khat_everywhere():
     r, msgs = _run(fp.algorithms.PVI(), schools, schools_fed())
     assert len(msgs) == 1
     assert r.client_khat.shape == (4,) and np.all(r.client_khat > 0.7)
-    assert "client 0" in msgs[0] and "infer={'local': True}" in msgs[0] and "NUTS" in msgs[0]
+    assert "client 0" in msgs[0] and "family='full'" in msgs[0] and "NUTS" in msgs[0]
     assert r.global_khat > 0.7
     # the diagnostics table carries it per client and does not warn again
     with warnings.catch_warnings(record=True) as rec:
