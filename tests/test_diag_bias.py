@@ -123,7 +123,11 @@ def test_through_run_in_diagnostics_and_arviz():
     assert err > 1 and abs(b - err) < 0.01 * err
     row = res.diagnostics(warn=False).rows[0]
     assert row["scope"] == "global" and row["diag_bias_sd"] == pytest.approx(b)
-    assert res.to_arviz().attrs["diag_bias_sd"] == pytest.approx(b)
+    attrs = res.to_arviz().attrs
+    assert attrs["diag_bias_sd"] == pytest.approx(b)
+    # the Monte Carlo check per site beside it: exact Gaussian clients carry no Monte Carlo error
+    assert attrs["mc_error_sd_ratio"] == 0.0 and attrs["mc_error_sd_ratio_w"] == 0.0
+    assert row["mc_error_sd_ratio"] == 0.0 and row["mc_error_by_site"] == "w: 0"
     full = fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), linreg_model(1.0, SIGMA), fed, rounds=1,
                   seed=0, progress=False)
     assert "diag_bias_sd" not in full.posterior.info
