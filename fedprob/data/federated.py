@@ -77,6 +77,19 @@ def check_eval_data(eval_data, potential):
     return (X.astype(np.int32) if np.issubdtype(X.dtype, np.integer) else X.astype(np.float32)), y
 
 
+def _pad_rows(a, n_max: int, dt):
+    """``a`` padded to ``n_max`` rows with copies of its first row (weight 0 downstream), as ``dt``."""
+    out = np.empty((n_max,) + a.shape[1:], dtype=dt)
+    out[: a.shape[0]] = a
+    out[a.shape[0]:] = a[:1]
+    return out
+
+
+def _label_dtype(ys, num_classes, dtype):
+    """Labels stay integer (class indices, counts) whether or not ``num_classes`` is given."""
+    return np.int32 if num_classes is not None or all(np.issubdtype(v.dtype, np.integer) for v in ys) else dtype
+
+
 @dataclasses.dataclass(frozen=True)
 class FederatedData:
     """Client data stacked into padded arrays.
@@ -134,20 +147,12 @@ class FederatedData:
                                  f"have {first}: every client needs rows of the same shape")
         sizes = np.array([x.shape[0] for x in Xs], dtype=np.int32)
         n_max = int(sizes.max())
-        # labels stay integer (class indices, counts) whether or not num_classes is given
-        int_labels = num_classes is not None or all(np.issubdtype(v.dtype, np.integer) for v in ys)
-        ydt = np.int32 if int_labels else dtype
-
-        def pad(a, dt):
-            out = np.empty((n_max,) + a.shape[1:], dtype=dt)
-            out[: a.shape[0]] = a
-            out[a.shape[0]:] = a[:1]
-            return out
+        ydt = _label_dtype(ys, num_classes, dtype)
 
         # integer inputs (group indices, counts, totals) stay integer: a model indexes with them
         xdt = np.int32 if all(np.issubdtype(x.dtype, np.integer) or x.dtype == bool for x in Xs) else dtype
-        X = np.stack([pad(x, xdt) for x in Xs])
-        y = np.stack([pad(v, ydt) for v in ys])
+        X = np.stack([_pad_rows(x, n_max, xdt) for x in Xs])
+        y = np.stack([_pad_rows(v, n_max, ydt) for v in ys])
         return cls(X, y, sizes, num_classes)
 
     @classmethod
@@ -177,17 +182,10 @@ class FederatedData:
                                      f"{a.shape[1:]} {a.dtype}: every client needs inputs of the same shape and type")
         sizes = np.array([yk.shape[0] for yk in ys], dtype=np.int32)
         n_max = int(sizes.max())
-        int_labels = num_classes is not None or all(np.issubdtype(v.dtype, np.integer) for v in ys)
-        ydt = np.int32 if int_labels else dtype
+        ydt = _label_dtype(ys, num_classes, dtype)
 
-        def pad(a, dt):
-            out = np.empty((n_max,) + a.shape[1:], dtype=dt)
-            out[: a.shape[0]] = a
-            out[a.shape[0]:] = a[:1]
-            return out
-
-        X = inputs.tree_map(lambda *a: np.stack([pad(x, x.dtype) for x in a]), *Xs)
-        y = np.stack([pad(v, ydt) for v in ys])
+        X = inputs.tree_map(lambda *a: np.stack([_pad_rows(x, n_max, x.dtype) for x in a]), *Xs)
+        y = np.stack([_pad_rows(v, n_max, ydt) for v in ys])
         return cls(X, y, sizes, num_classes)
 
     @property
