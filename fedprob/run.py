@@ -17,7 +17,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import deprecated
-from .algorithms.base import Algorithm, Context
+from .algorithms.base import Algorithm, Context, check_local_sites
 from .checkpoint import Checkpoint
 from .data.federated import FederatedData, check_eval_data, check_model_labels
 from .engine import Flower, Local, local, sharded
@@ -131,6 +131,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     # build: the potential, the checked data, the initial (or restored) states, the compiled round
     K = fed.num_clients
     potential = get_potential(model, fed, model_kwargs)
+    check_local_sites(algorithm, potential)
     if potential.task == "classification":
         check_model_labels(fed.pooled()[1], potential.num_classes, "federation")
     evald = check_eval_data(eval_data, potential)

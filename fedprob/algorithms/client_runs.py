@@ -18,7 +18,7 @@ import numpy as np
 from ..client_map import vmap_clients
 from ..protocols import finite_flag, run_chains
 from ..potential import make_target
-from .base import Algorithm, Context
+from .base import Algorithm, Context, check_local_sites
 from .one_round_base import OneRoundAlgorithm, check_client
 
 Array = jax.Array
@@ -146,6 +146,7 @@ def aggregate(algorithms, runs: ClientRuns, key=None) -> list:
     for algo in algorithms:
         if not isinstance(algo, OneRoundAlgorithm):
             raise TypeError(f"aggregate takes one-round algorithms, got {type(algo).__name__}")
+        check_local_sites(algo, ctx.potential)
         s = algo.prior_weight(ctx)
         if abs(s - runs.prior_weight) > 1e-9 * max(1.0, abs(s)):
             raise ValueError(f"{type(algo).__name__} needs clients run with prior share {s:g}, these used "

@@ -54,6 +54,21 @@ replaced by a Gaussian moment-matched to prior draws (unconstrained space),
 with a warning. ``delta`` overrides the model prior with ``N(0, I/delta)``
 (:mod:`fedprob.algorithms.model_prior`).
 The server starts at the prior (``lambda_g = lambda_0``), every site at 0.
+
+Client-local sites (``infer={"local": True}``, :mod:`fedprob.local_sites`).
+Every Gaussian above lives on the global block ``g`` only: lambda_0 is the
+prior of the global sites, the cavity acts on ``g``, and the local sites keep
+their conditional prior ``p(l_k | g)`` whole in the client's target. The
+client approximates the joint of ``(g, l_k)`` by a Gaussian (a Laplace
+backend at the joint mode with the **full** joint curvature: a diagonal
+``hessian`` is raised to its full counterpart, since the coupling between
+the blocks is what the marginal needs; or a Gaussian VI guide), and
+``lambda_k`` is its global marginal (mean ``m_g``, precision the Schur
+complement ``P_gg - P_gl P_ll^-1 P_lg``) in the loop's family. The client
+keeps its local conditional ``l_k | g`` (mean, slope, covariance) in its
+state; the posterior's local posteriors are those conditionals averaged
+over the final ``q_g`` (exact on linear-Gaussian models). The isotropic
+family (mode only) and ``rho != 1`` or ``alpha < 1`` refuse local sites.
 """
 from __future__ import annotations
 
@@ -67,6 +82,7 @@ import numpy as np
 
 from .. import gaussian as gauss
 from ..inference.laplace import Laplace
+from .. import local_sites as loc
 from ..inference.optim import minimize
 from ..posteriors import Gaussian, GlobalPosterior
 from ..potential import make_target
@@ -89,6 +105,18 @@ class NaturalServer(NamedTuple):
     site_sum: Gaussian
     prior: Gaussian
     start: Array
+
+
+class NaturalClient(NamedTuple):
+    """Client state with client-local sites: the site ``lambda_hat_k`` on the global block and the
+    local conditional ``l_k | g`` of the client's last solve."""
+
+    site: Gaussian
+    local: loc.LocalConditional
+
+
+#: a diagonal Laplace curvature and its full counterpart (the joint of global and local sites)
+_FULL_HESSIAN = {"diag": "full", "diag_ggn": "ggn"}
 
 
 def _check_positive(name, value, allow_none=False):
@@ -182,6 +210,23 @@ class NaturalLoop(Algorithm):
             return self.client
         return Laplace(hessian="ggn" if self.family == "full" else "diag_ggn")
 
+    def joint_backend(self, potential):
+        """The backend of the client solves: :attr:`backend`, with a diagonal Laplace curvature raised
+        to the full one when the model has client-local sites (module docstring)."""
+        b = self.backend
+        if potential.local_sites and isinstance(b, Laplace) and b.hessian in _FULL_HESSIAN:
+            return dataclasses.replace(b, hessian=_FULL_HESSIAN[b.hessian])
+        return b
+
+    def local_sites_refusal(self, potential):
+        if self.family == "isotropic":
+            return (f"{type(self).__name__}'s isotropic family uses the clients' modes only and has no "
+                    "marginal of the global block")
+        if self.rho != 1.0 or self.alpha != 1.0 or self.tau != 1.0:
+            return (f"{type(self).__name__} with rho={self.rho!r}, alpha={self.alpha!r}, tau={self.tau!r} "
+                    "does not take client-local sites yet (rho = alpha = tau = 1 does: PVI)")
+        return None
+
     def _rho(self, num_clients: int) -> float:
         return 1.0 / num_clients if self.rho == "clients" else float(self.rho)
 
@@ -234,14 +279,19 @@ class NaturalLoop(Algorithm):
         prior = model_prior(ctx.potential, self.family, self.delta, type(self).__name__)
         zero = Gaussian(jnp.zeros_like(prior.linear), jnp.zeros_like(prior.precision))
         start = ctx.potential.init(key, self.init_strategy)
+        dg = ctx.potential.dim_global
+        if ctx.potential.local_sites:
+            client = NaturalClient(zero, loc.initial_conditional(start, dg))
+            return NaturalServer(prior, zero, prior, start[:dg]), stack_init(ctx.num_clients, client)
         return NaturalServer(prior, zero, prior, start), stack_init(ctx.num_clients, zero)
 
     def client_target(self, ctx: Context, lam_g: Gaussian, site: Gaussian, data):
         """The LocalTarget whose ``-ELBO`` (times rho) is the client problem (module docstring)."""
         rho = self.rho_value(ctx)
+        term = loc.embed_global(Gaussian(lam_g.linear - site.linear / rho, lam_g.precision - site.precision / rho),
+                                ctx.dim)
         return make_target(data, ctx.dim, prior_weight=0.0, likelihood_weight=1.0 / (rho * float(self.tau)),
-                           linear=lam_g.linear - site.linear / rho,
-                           precision=lam_g.precision - site.precision / rho)
+                           linear=term.linear, precision=term.precision)
 
     def local_step_count(self, ctx: Context, data):
         """The backend's steps (``local_step_count``) for an iterative Gaussian backend (IVON); None
@@ -250,10 +300,22 @@ class NaturalLoop(Algorithm):
             return None
         return getattr(self.backend, "local_step_count", None)
 
-    def solve_client(self, ctx: Context, server: NaturalServer, site: Gaussian, data, key, max_steps=None):
-        """``(lambda_k, mode, diagnostics)`` of the client problem (stopped after ``max_steps`` steps)."""
+    def solve_client(self, ctx: Context, server: NaturalServer, site: Gaussian, data, key, max_steps=None,
+                     local: Optional[loc.LocalConditional] = None):
+        """``(lambda_k, mode, diagnostics)`` of the client problem (stopped after ``max_steps`` steps);
+        with client-local sites (``local``: the client's conditional, whose mean starts the local
+        block) ``(lambda_k, mode_global, diagnostics, new conditional)``."""
         target = self.client_target(ctx, server.lam, site, data)
         backend = self.backend
+        if local is not None:
+            extra = {} if max_steps is None else {"max_steps": max_steps}
+            start = jnp.concatenate([server.start, local.mean.astype(server.start.dtype)])
+            res = self.joint_backend(ctx.potential).run(key, ctx.potential, target, start, **extra)
+            dg = ctx.potential.dim_global
+            mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
+            marginal, cond = loc.split_joint(res.posterior, mean, dg)
+            diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
+            return _as_family(marginal, self.family), mean[:dg], diag, cond
         if self.family == "isotropic":
             res = minimize(ctx.potential, target, server.start, key=key, num_steps=backend.num_steps,
                            optimizer=backend.optimizer, learning_rate=backend.learning_rate,
@@ -269,10 +331,18 @@ class NaturalLoop(Algorithm):
 
     def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key,
                       max_steps=None):
-        lam_k, mode, diag = self.solve_client(ctx, server_state, client_state, data, key, max_steps)
+        if isinstance(client_state, NaturalClient):
+            lam_k, mode, diag, cond = self.solve_client(ctx, server_state, client_state.site, data, key,
+                                                        max_steps, local=client_state.local)
+            site = client_state.site
+        else:
+            lam_k, mode, diag = self.solve_client(ctx, server_state, client_state, data, key, max_steps)
+            site = client_state
         g = self.gamma_value(ctx, data.n)
         delta = Gaussian(lam_k.linear - server_state.lam.linear, lam_k.precision - server_state.lam.precision)
-        new_site = Gaussian(client_state.linear + g * delta.linear, client_state.precision + g * delta.precision)
+        new_site = Gaussian(site.linear + g * delta.linear, site.precision + g * delta.precision)
+        if isinstance(client_state, NaturalClient):
+            return NaturalClient(new_site, cond), (delta, mode), diag
         return new_site, (delta, mode), diag
 
     def server_update(self, ctx: Context, server_state: NaturalServer, messages, weights, mask):
@@ -322,10 +392,14 @@ class NaturalLoop(Algorithm):
 
     def posterior(self, ctx: Context, server_state: NaturalServer, client_states):
         lam = server_state.lam
+        local = client_states.local if isinstance(client_states, NaturalClient) else None
+        info = {"kind": f"{self.family} Gaussian", "algorithm": type(self).__name__}
+        if local is not None:
+            info["local_posterior"] = ("each client's Laplace conditional of its local sites given the global "
+                                       "ones, from its last solve, averaged over the final global posterior")
         return GlobalPosterior(ctx.potential, Gaussian(lam.linear, lam.precision),
                                num_predictive_draws=int(self.num_predictive_draws),
-                               prediction=self.prediction,
-                               info={"kind": f"{self.family} Gaussian", "algorithm": type(self).__name__})
+                               prediction=self.prediction, info=info, local=local)
 
 
 class Configured(Algorithm):
@@ -346,6 +420,10 @@ class Configured(Algorithm):
     def local_step_count(self, ctx, data):
         return self.loop().local_step_count(ctx, data)
 
+    def local_sites_refusal(self, potential):
+        reason = self.loop().local_sites_refusal(potential)
+        return None if reason is None else reason.replace("NaturalLoop", type(self).__name__)
+
     def client_update(self, ctx, server_state, client_state, data, key, max_steps=None):
         return self.loop().client_update(ctx, server_state, client_state, data, key, max_steps)
 
@@ -364,4 +442,4 @@ class Configured(Algorithm):
         return post
 
 
-__all__ = ["NaturalLoop", "NaturalServer", "Configured", "model_prior", "FAMILIES"]
+__all__ = ["NaturalLoop", "NaturalServer", "NaturalClient", "Configured", "model_prior", "FAMILIES"]

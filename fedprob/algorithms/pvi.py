@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..protocols import finite_flag
-from .base import Context
+from .base import Context, check_local_sites
 from .aliases import resolve_family
 from .natural import FAMILIES, Configured, NaturalLoop
 
@@ -94,6 +94,7 @@ def run_sequential(algorithm, model, fed, sweeps: int = 1, seed: int = 0, eval_d
     if int(sweeps) < 1:
         raise ValueError(f"sweeps must be >= 1, got {sweeps}")
     potential = get_potential(model, fed, model_kwargs)
+    check_local_sites(algorithm, potential)
     ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
     data = fed.client_data()
     key = jax.random.PRNGKey(seed)

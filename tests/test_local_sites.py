@@ -1,0 +1,146 @@
+"""Client-local sites (infer={"local": True}): the contract in the potential, PVI with Laplace clients
+against the exact posterior of a conjugate normal-normal hierarchy, the refusals."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import fedprob as fp
+from fedprob.algorithms import PVI
+from fedprob.inference import Laplace
+from fedprob.potential import Potential
+
+PRIOR_SD, TAU = 3.0, 0.7
+SIZES = (3, 5, 8, 12, 17, 24, 31, 40)
+
+
+def normal_normal(X, y=None):
+    """mu ~ N(0, 3^2); a_k ~ N(0, 0.7^2) on each client; y ~ N(mu + a_k, 1)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+    a = numpyro.sample("a", dist.Normal(0.0, TAU), infer={"local": True})
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(mu + a + 0.0 * X[:, 0], 1.0), obs=y)
+
+
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def federation(seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(0.0, TAU, len(SIZES))
+    clients = [(np.zeros((n, 1)), 1.3 + a[k] + rng.normal(size=n)) for k, n in enumerate(SIZES)]
+    return fp.data.FederatedData.from_clients(clients, dtype=np.float64), clients
+
+
+def exact_joint(clients):
+    """Mean and covariance of (mu, a_1..a_K) by a dense Gaussian solve of the joint."""
+    K = len(clients)
+    P = np.zeros((K + 1, K + 1))
+    b = np.zeros(K + 1)
+    P[0, 0] = PRIOR_SD ** -2
+    for k, (_, y) in enumerate(clients):
+        n = len(y)
+        P[0, 0] += n
+        P[k + 1, k + 1] = TAU ** -2 + n
+        P[0, k + 1] = P[k + 1, 0] = n
+        b[0] += y.sum()
+        b[k + 1] = y.sum()
+    cov = np.linalg.inv(P)
+    return cov @ b, cov
+
+
+def test_closed_form_agrees_with_the_dense_solve():
+    _, clients = federation()
+    mean, cov = exact_joint(clients)
+    # ybar_k ~ N(mu, tau^2 + 1/n_k) times the prior on mu
+    v = np.array([TAU ** 2 + 1.0 / len(y) for _, y in clients])
+    ybar = np.array([y.mean() for _, y in clients])
+    prec = PRIOR_SD ** -2 + np.sum(1 / v)
+    np.testing.assert_allclose(mean[0], np.sum(ybar / v) / prec, rtol=1e-12)
+    np.testing.assert_allclose(cov[0, 0], 1 / prec, rtol=1e-12)
+
+
+def test_potential_puts_global_sites_first_and_splits_the_prior():
+    def model(X, y=None):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0).expand([2]).to_event(1), infer={"local": True})
+        mu = numpyro.sample("mu", dist.Normal(0.0, 2.0))
+        s = numpyro.sample("s", dist.HalfNormal(1.0))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(mu + a[0] + a[1] * X[:, 0], s), obs=y)
+
+    pot = Potential(model, np.ones((3, 1)), np.ones(3))
+    assert pot.site_names == ("mu", "s", "a") and pot.local_sites == ("a",)
+    assert (pot.dim_global, pot.dim_local, pot.dim) == (2, 2, 4)
+    z = jnp.array([0.3, -0.2, 0.5, -1.0])
+    full = pot.log_prior(z)
+    glob = pot.log_prior_global(z[:2])
+    local = dist.Normal(0.0, 1.0).log_prob(z[2:]).sum()
+    np.testing.assert_allclose(full, glob + local, rtol=1e-6)
+    # the prior share acts on the global block only; p(local | global) stays whole
+    X, y = jnp.ones((3, 1)), jnp.array([0.1, 0.4, -0.3])
+    data = fp.potential.ClientData(X, y, jnp.asarray(3))
+    t = fp.potential.make_target(data, 4, prior_weight=0.25)
+    ll = pot.log_likelihood(z, X, y)
+    np.testing.assert_allclose(pot.log_density(z, t), 0.25 * glob + local + ll, rtol=1e-5)
+
+
+def test_bad_local_sites_are_refused_naming_the_site():
+    def per_row(X, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", X.shape[0]):
+            b = numpyro.sample("b", dist.Normal(0.0, 1.0), infer={"local": True})
+            numpyro.sample("y", dist.Normal(mu + b, 1.0), obs=y)
+
+    def sized_by_rows(X, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([X.shape[0]]).to_event(1), infer={"local": True})
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(mu + b, 1.0), obs=y)
+
+    def discrete(X, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        c = numpyro.sample("c", dist.Bernoulli(0.5), infer={"local": True})
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(mu + c, 1.0), obs=y)
+
+    X, y = np.zeros((4, 1)), np.zeros(4)
+    with pytest.raises(ValueError, match="local site 'b' lies inside the 'data' plate"):
+        Potential(per_row, X, y)
+    with pytest.raises(ValueError, match="local site 'b' has shape .* depends on the client's row count"):
+        Potential(sized_by_rows, X, y)
+    with pytest.raises(ValueError, match="local site 'c' is discrete"):
+        Potential(discrete, X, y)
+
+
+@pytest.mark.parametrize("algo", [fp.algorithms.FedAvg(), fp.algorithms.FedLap(), fp.algorithms.ADMM(),
+                                  fp.algorithms.BayesADMM(), fp.algorithms.FedPA(),
+                                  fp.algorithms.PredictiveBayes(client=fp.inference.SGLD())],
+                         ids=lambda a: type(a).__name__)
+def test_algorithms_without_local_sites_refuse_before_compiling(algo):
+    fed, _ = federation()
+    with pytest.raises(ValueError, match=r"'a' as client-local .*" + type(algo).__name__):
+        fp.run(algo, normal_normal, fed, rounds=1, progress=False)
+
+
+@pytest.mark.parametrize("hessian", ["full", "diag_ggn"])
+def test_pvi_laplace_is_exact_in_one_round_for_global_and_local_sites(x64, hessian):
+    fed, clients = federation()
+    mean, cov = exact_joint(clients)
+    res = fp.run(PVI(client=Laplace(hessian=hessian), damping=1.0), normal_normal, fed, rounds=1,
+                 progress=False)
+    post = res.posterior
+    np.testing.assert_allclose(post.mean["mu"], mean[0], rtol=1e-6)
+    np.testing.assert_allclose(post.form.variance()[0], cov[0, 0], rtol=1e-6)
+    np.testing.assert_allclose(post.local_mean["a"], mean[1:], rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(post.local_sd["a"], np.sqrt(np.diag(cov)[1:]), rtol=1e-6)
+    # a second round changes nothing: the sites are already exact
+    res2 = fp.run(PVI(client=Laplace(hessian=hessian), damping=1.0), normal_normal, fed, rounds=2,
+                  progress=False)
+    np.testing.assert_allclose(res2.posterior.local_mean["a"], mean[1:], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(res2.posterior.mean["mu"], mean[0], rtol=1e-6)
