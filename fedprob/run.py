@@ -176,9 +176,16 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     if bar is not None:
         bar.close()
     # collect
+    clients = compiled.host_clients(clients)
+    info = compiled.info
+    # client-local sites: one more client pass re-takes each client's local posterior against the
+    # final global one (the last round's evaluation came before it, so the posterior is recomputed)
+    clients, refresh = local.refresh_local(algorithm, ctx, server, clients, data, jax.random.fold_in(k_rounds, rounds))
+    if refresh is not None:
+        info, posterior = {**info, "local_refresh": refresh}, None
     # the last round's evaluated posterior is the result's (computed once: its Monte Carlo checks warn once)
-    return collect(algorithm, ctx, server, compiled.host_clients(clients), log, compiled.compile_time, init_time,
-                   evald, compiled.info, posterior if evald is not None and start < rounds else None)
+    return collect(algorithm, ctx, server, clients, log, compiled.compile_time, init_time,
+                   evald, info, posterior if evald is not None and start < rounds else None)
 
 
 __all__ = ["run", "Result", "get_potential"]

@@ -144,3 +144,52 @@ def test_pvi_laplace_is_exact_in_one_round_for_global_and_local_sites(x64, hessi
                   progress=False)
     np.testing.assert_allclose(res2.posterior.local_mean["a"], mean[1:], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(res2.posterior.mean["mu"], mean[0], rtol=1e-6)
+
+
+def test_local_results_predict_and_refresh(x64):
+    """Per-client and new-client predictives, local draws, the refresh pass, sequential PVI."""
+    fed, clients = federation()
+    mean, cov = exact_joint(clients)
+    algo = PVI(client=Laplace(hessian="full"), damping=1.0, num_predictive_draws=4000)
+    res = fp.run(algo, normal_normal, fed, rounds=1, progress=False)
+    post = res.posterior
+    assert res.info["local_refresh"]["clients"] == 8 and res.info["local_refresh"]["not_finite"] == []
+    assert set(post.mean) == {"mu"} and post.local_mean["a"].shape == (8,)
+    np.testing.assert_allclose(post.sd["mu"], np.sqrt(cov[0, 0]), rtol=0.05)
+    X = np.zeros((2, 1))
+    for k in (0, 7):
+        m, v = post.predict(X, prediction="mean", client=k)
+        np.testing.assert_allclose(m, mean[0] + mean[k + 1], rtol=1e-6)
+        m, v = post.predict(X, client=k)
+        var = 1.0 + cov[0, 0] + cov[k + 1, k + 1] + 2 * cov[0, k + 1]
+        sd_f = np.sqrt(var - 1.0)
+        np.testing.assert_allclose(m, mean[0] + mean[k + 1], atol=4 * sd_f / np.sqrt(4000))
+        np.testing.assert_allclose(v, var, rtol=0.06)
+    # a new client: a ~ N(0, tau^2) given each global draw
+    m, v = post.predict(X)
+    np.testing.assert_allclose(m, mean[0], atol=4 * np.sqrt(cov[0, 0] + TAU ** 2) / np.sqrt(4000))
+    np.testing.assert_allclose(v, 1.0 + cov[0, 0] + TAU ** 2, rtol=0.06)
+    with pytest.raises(ValueError, match="client must be None .* \\[0, 8\\)"):
+        post.predict(X, client=8)
+    draws = post.sample_local(jax.random.PRNGKey(1), 4000)["a"]
+    assert draws.shape == (4000, 8)
+    np.testing.assert_allclose(draws.mean(0), mean[1:], atol=4 * np.sqrt(np.diag(cov)[1:].max() / 4000))
+    np.testing.assert_allclose(draws.std(0), np.sqrt(np.diag(cov)[1:]), rtol=0.06)
+    seq = fp.algorithms.pvi.run_sequential(algo, normal_normal, fed, sweeps=1)
+    np.testing.assert_allclose(seq.posterior.local_mean["a"], mean[1:], rtol=1e-6, atol=1e-6)
+    assert "local_refresh" in seq.info
+
+
+def test_predict_client_needs_local_sites():
+    def shared(X, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, PRIOR_SD))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(mu + 0.0 * X[:, 0], 1.0), obs=y)
+
+    fed, _ = federation()
+    res = fp.run(PVI(damping=1.0), shared, fed, rounds=1, progress=False)
+    assert "local_refresh" not in res.info
+    with pytest.raises(ValueError, match="client=... needs a model with client-local sites"):
+        res.posterior.predict(np.zeros((1, 1)), client=0)
+    with pytest.raises(ValueError, match="no client-local sites"):
+        res.posterior.local_mean

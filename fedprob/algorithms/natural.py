@@ -86,7 +86,7 @@ from .. import local_sites as loc
 from ..inference.optim import minimize
 from ..posteriors import Gaussian, GlobalPosterior
 from ..potential import make_target
-from ..protocols import ClientBackend
+from ..protocols import ClientBackend, finite_flag
 from .aliases import alias_field, resolve_family, take_alias
 from .base import Algorithm, Context, masked_sum, stack_init
 from .model_prior import model_prior
@@ -372,6 +372,16 @@ class NaturalLoop(Algorithm):
         start = self.next_start(server_state, lam, mode, mask, count)
         return NaturalServer(lam, site_sum, server_state.prior, start)
 
+    def refresh_local(self, ctx: Context, server_state: NaturalServer, client_state, data, key):
+        """One more solve of the client's tilted distribution against the final ``q_g`` (its site
+        unchanged): the local conditional is re-taken at the final joint mode. A solve that is not
+        finite keeps the previous conditional."""
+        _, _, _, cond = self.solve_client(ctx, server_state, client_state.site, data, key,
+                                          local=client_state.local)
+        ok = finite_flag(cond)
+        cond = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), cond, client_state.local)
+        return NaturalClient(client_state.site, cond), ok
+
     # -- differential privacy (fedprob.privacy) ----------------------------------------------
     def update_part(self, ctx: Context, message):
         """The natural-parameter delta ``lambda_k - lambda_g`` (linear and precision parts): every
@@ -419,6 +429,9 @@ class Configured(Algorithm):
 
     def local_step_count(self, ctx, data):
         return self.loop().local_step_count(ctx, data)
+
+    def refresh_local(self, ctx, server_state, client_state, data, key):
+        return self.loop().refresh_local(ctx, server_state, client_state, data, key)
 
     def local_sites_refusal(self, potential):
         reason = self.loop().local_sites_refusal(potential)

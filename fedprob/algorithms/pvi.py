@@ -139,8 +139,12 @@ def run_sequential(algorithm, model, fed, sweeps: int = 1, seed: int = 0, eval_d
         if eval_data is not None:
             entry.update(evaluate(algorithm.posterior(ctx, server, clients), *eval_data))
         history.append(entry)
+    from ..engine.local import refresh_local
+
+    clients, refresh = refresh_local(algorithm, ctx, server, clients, data, jax.random.fold_in(k_rounds, int(sweeps)))
+    info = {} if refresh is None else {"local_refresh": refresh}
     return Result(algorithm.posterior(ctx, server, clients), history, server, clients, algorithm, ctx,
-                  compile_time, init_time)
+                  compile_time, init_time, info=info)
 
 
 __all__ = ["PVI", "run_sequential"]
