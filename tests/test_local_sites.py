@@ -202,3 +202,33 @@ def test_summary_and_arviz_say_they_do_not_hold_local_sites_yet():
         res.to_arviz()
     with pytest.raises(NotImplementedError, match="local_mean"):
         res.posterior.summary()
+
+
+@pytest.mark.parametrize("algo", [fp.algorithms.EPMCMC(client=fp.inference.NUTS()),
+                                  fp.algorithms.ConsensusMC(client=fp.inference.NUTS())],
+                         ids=lambda a: type(a).__name__)
+def test_one_round_sampling_methods_match_the_exact_posterior_within_monte_carlo_error(algo):
+    """NUTS clients sample (mu, a_k) jointly; the server combines the mu draws, each client keeps
+    a_k | mu regressed on its draws. Tolerances: about 3 Monte Carlo sds at the clients' ESS (~100)."""
+    fed, clients = federation()
+    mean, cov = exact_joint(clients)
+    post = fp.run(algo, normal_normal, fed, progress=False).posterior
+    sd = np.sqrt(np.diag(cov))
+    assert abs(post.mean["mu"] - mean[0]) < 0.3 * sd[0]
+    assert 0.85 < post.sd["mu"] / sd[0] < 1.15
+    np.testing.assert_array_less(np.abs(post.local_mean["a"] - mean[1:]) / sd[1:], 0.5)
+    ratio = np.asarray(post.local_sd["a"]) / sd[1:]
+    assert np.all((ratio > 0.8) & (ratio < 1.25)), ratio
+    assert "local_posterior" in post.info
+
+
+def test_one_round_methods_refuse_gaussian_clients_and_kernel_products_with_local_sites():
+    fed, _ = federation()
+    with pytest.raises(ValueError, match="'a' as client-local.*sampling clients only"):
+        fp.run(fp.algorithms.ConsensusMC(client=Laplace()), normal_normal, fed, progress=False)
+    with pytest.raises(ValueError, match="'a' as client-local.*method='nonparametric'"):
+        fp.run(fp.algorithms.EPMCMC(method="nonparametric"), normal_normal, fed, progress=False)
+    runs = fp.algorithms.client_runs.run_clients(fp.inference.SGLD(num_samples=10, num_burnin=10),
+                                                 normal_normal, fed)
+    with pytest.raises(ValueError, match="aggregate\\(\\) does not take client-local sites"):
+        fp.algorithms.client_runs.aggregate([fp.algorithms.EPMCMC()], runs)

@@ -19,7 +19,7 @@ from ..client_map import vmap_clients
 from ..protocols import finite_flag, run_chains
 from ..potential import make_target
 from .base import Algorithm, Context, check_local_sites
-from .one_round_base import OneRoundAlgorithm, check_client
+from .one_round_base import LocalClient, OneRoundAlgorithm, check_client
 
 Array = jax.Array
 
@@ -67,8 +67,11 @@ class FromClientPhase(Algorithm):
 
     def client_update(self, ctx, server_state, client_state, data, key):
         _, k_msg = jax.random.split(key)
-        message = self.inner.make_message(ctx, data.result, k_msg)
-        return client_state, (client_state, message), data.result.diagnostics
+        result, cond = self.inner.split_local(ctx, data.result)
+        message = self.inner.make_message(ctx, result, k_msg)
+        if cond is None:
+            return client_state, (client_state, message), result.diagnostics
+        return LocalClient(client_state.id, cond), (client_state.id, message), result.diagnostics
 
     def server_update(self, ctx, server_state, messages, weights, mask):
         return self.inner.server_update(ctx, server_state, messages, weights, mask)
@@ -142,6 +145,9 @@ def aggregate(algorithms, runs: ClientRuns, key=None) -> list:
     (default ``runs.key``).
     """
     ctx = runs.context
+    if ctx.potential.local_sites:
+        raise ValueError(f"aggregate() does not take client-local sites yet ({list(ctx.potential.local_sites)}): "
+                         "run the method with fp.run, whose clients keep their local posteriors")
     out = []
     for algo in algorithms:
         if not isinstance(algo, OneRoundAlgorithm):
