@@ -28,24 +28,12 @@ the draws' moment-matched joint.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
-from .posteriors import Gaussian
+from .posteriors import Gaussian, LocalConditional, local_marginal, sample_local
 
 Array = jax.Array
-
-
-class LocalConditional(NamedTuple):
-    """``l | g ~ N(mean + slope (g - anchor), cov)``: one client's local block given the global one
-    (a leading client axis when stacked). anchor (d_g,), mean (d_l,), slope (d_l, d_g), cov (d_l, d_l)."""
-
-    anchor: Array
-    mean: Array
-    slope: Array
-    cov: Array
 
 
 def initial_conditional(z0: Array, dim_global: int) -> LocalConditional:
@@ -79,21 +67,6 @@ def split_joint(joint: Gaussian, mean: Array, dim_global: int):
     slope = -jax.scipy.linalg.cho_solve((L, True), P_gl.T)             # -P_ll^-1 P_lg
     S = _sym(P_gg + P_gl @ slope)
     return Gaussian(S @ m_g, S), LocalConditional(m_g, m_l, slope, _sym(cov))
-
-
-def local_marginal(cond: LocalConditional, g_mean: Array, g_cov: Array):
-    """``(mean, cov)`` of ``l`` when ``g ~ N(g_mean, g_cov)`` (batched over a leading client axis of
-    ``cond``); ``g_cov`` is (d_g, d_g)."""
-    shift = jnp.einsum("...ij,...j->...i", cond.slope, g_mean - cond.anchor)
-    spread = jnp.einsum("...ij,jk,...lk->...il", cond.slope, g_cov, cond.slope)
-    return cond.mean + shift, _sym(cond.cov + spread)
-
-
-def sample_local(cond: LocalConditional, g: Array, key) -> Array:
-    """Draws of ``l | g`` for draws ``g`` (S, d_g) under ONE client's conditional: (S, d_l)."""
-    L = jnp.linalg.cholesky(cond.cov + 1e-12 * jnp.eye(cond.cov.shape[0], dtype=cond.cov.dtype))
-    eps = jax.random.normal(key, (g.shape[0], cond.mean.shape[0]), cond.mean.dtype)
-    return cond.mean + (g - cond.anchor) @ cond.slope.T + eps @ L.T
 
 
 def sample_joint(cond: LocalConditional, g: Array, key) -> Array:

@@ -10,12 +10,14 @@ Both are pytrees (they pass through ``jit``/``vmap``/``scan``). A Gaussian can
 be sampled and samples can be moment-matched (:func:`fedprob.gaussian.moment_match`,
 with shrinkage), so algorithms accept either; all other Gaussian algebra
 (products over clients, the prior's Gaussian, KL) is in :mod:`fedprob.gaussian`.
-:class:`GlobalPosterior` is the user-facing object an algorithm returns.
+:class:`GlobalPosterior` is the user-facing object an algorithm returns;
+:class:`LocalConditional` is a client's posterior of its client-local sites
+given the global ones (the algebra around it: :mod:`fedprob.local_sites`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +152,35 @@ class Gaussian:
         return 0.5 * (logdet - quad - d * jnp.log(2 * jnp.pi))
 
 
+class LocalConditional(NamedTuple):
+    """``l | g ~ N(mean + slope (g - anchor), cov)``: one client's local block given the global one
+    (a leading client axis when stacked). anchor (d_g,), mean (d_l,), slope (d_l, d_g), cov (d_l, d_l)."""
+
+    anchor: Array
+    mean: Array
+    slope: Array
+    cov: Array
+
+
+def local_marginal(cond: LocalConditional, g_mean: Array, g_cov: Array):
+    """``(mean, cov)`` of ``l`` when ``g ~ N(g_mean, g_cov)`` (batched over a leading client axis of
+    ``cond``); ``g_cov`` is (d_g, d_g)."""
+    shift = jnp.einsum("...ij,...j->...i", cond.slope, g_mean - cond.anchor)
+    spread = jnp.einsum("...ij,jk,...lk->...il", cond.slope, g_cov, cond.slope)
+    return cond.mean + shift, _symmetric(cond.cov + spread)
+
+
+def sample_local(cond: LocalConditional, g: Array, key) -> Array:
+    """Draws of ``l | g`` for draws ``g`` (S, d_g) under ONE client's conditional: (S, d_l)."""
+    L = jnp.linalg.cholesky(cond.cov + 1e-12 * jnp.eye(cond.cov.shape[0], dtype=cond.cov.dtype))
+    eps = jax.random.normal(key, (g.shape[0], cond.mean.shape[0]), cond.mean.dtype)
+    return cond.mean + (g - cond.anchor) @ cond.slope.T + eps @ L.T
+
+
+def _symmetric(a):
+    return 0.5 * (a + jnp.swapaxes(a, -1, -2))
+
+
 def average_predictions(potential, draws: Array, X, chunk: int = 64):
     """Bayesian model average of the per-draw predictive over draws (S, d).
 
@@ -208,7 +239,7 @@ class GlobalPosterior:
     Models with client-local sites (``infer={"local": True}``): ``form`` is the
     posterior of the global block (``potential.dim_global`` coordinates) and
     ``local`` the clients' conditionals ``l_k | g``
-    (:class:`fedprob.local_sites.LocalConditional`, leading client axis K).
+    (:class:`LocalConditional`, leading client axis K).
     ``mean``, ``sd`` and ``sample`` cover the global sites;
     ``local_mean[site]`` / ``local_sd[site]`` have a leading client axis (each
     client's local posterior: its conditional averaged over the global
@@ -312,8 +343,6 @@ class GlobalPosterior:
 
     def local_moments(self):
         """``(mean (K, d_l), cov (K, d_l, d_l))``: each client's local block in unconstrained space."""
-        from .local_sites import local_marginal
-
         self._check_local()
         m, c = self._global_moments()
         return local_marginal(self.local, m, c)
@@ -353,8 +382,6 @@ class GlobalPosterior:
 
     def _local_draws(self, key, zg: Array) -> Array:
         """(K, S, d_l) local blocks drawn for each client given global draws zg (S, d_g)."""
-        from .local_sites import sample_local
-
         K = self.local.mean.shape[0]
         return jax.vmap(lambda c, k: sample_local(c, zg, k))(self.local, jax.random.split(key, K))
 
@@ -391,8 +418,6 @@ class GlobalPosterior:
 
     def _joint_predictive_draws(self, prediction: str, client) -> Array:
         """Joint draws (S, d) for client ``client``'s predictive, or a new client's (``client=None``)."""
-        from .local_sites import sample_local
-
         k_g, k_l = jax.random.split(jax.random.fold_in(self._key, 1))
         if prediction == "mean":
             zg = self.form.mean()[None]
@@ -468,5 +493,5 @@ def log_predictive_density(task: str, prediction, y) -> Array:
     return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
 
 
-__all__ = ["Samples", "Gaussian", "GlobalPosterior", "average_predictions", "log_predictive_density",
+__all__ = ["Samples", "Gaussian", "GlobalPosterior", "LocalConditional", "local_marginal", "sample_local", "average_predictions", "log_predictive_density",
            "mixture_log_density"]
