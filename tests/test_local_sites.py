@@ -222,6 +222,12 @@ def test_one_round_sampling_methods_match_the_exact_posterior_within_monte_carlo
     assert "local_posterior" in post.info
 
 
+def test_pvi_refuses_mean_field_clients_with_local_sites():
+    fed, _ = federation()
+    with pytest.raises(ValueError, match="'a' as client-local.*IVON clients .*mean-field"):
+        fp.run(PVI(client=fp.inference.IVON()), normal_normal, fed, progress=False)
+
+
 def test_one_round_methods_refuse_gaussian_clients_and_kernel_products_with_local_sites():
     fed, _ = federation()
     with pytest.raises(ValueError, match="'a' as client-local.*sampling clients only"):
