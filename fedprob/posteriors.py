@@ -10,12 +10,14 @@ Both are pytrees (they pass through ``jit``/``vmap``/``scan``). A Gaussian can
 be sampled and samples can be moment-matched (:func:`fedprob.gaussian.moment_match`,
 with shrinkage), so algorithms accept either; all other Gaussian algebra
 (products over clients, the prior's Gaussian, KL) is in :mod:`fedprob.gaussian`.
-:class:`GlobalPosterior` is the user-facing object an algorithm returns.
+:class:`GlobalPosterior` is the user-facing object an algorithm returns;
+:class:`LocalConditional` is a client's posterior of its client-local sites
+given the global ones (the algebra around it: :mod:`fedprob.local_sites`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +152,35 @@ class Gaussian:
         return 0.5 * (logdet - quad - d * jnp.log(2 * jnp.pi))
 
 
+class LocalConditional(NamedTuple):
+    """``l | g ~ N(mean + slope (g - anchor), cov)``: one client's local block given the global one
+    (a leading client axis when stacked). anchor (d_g,), mean (d_l,), slope (d_l, d_g), cov (d_l, d_l)."""
+
+    anchor: Array
+    mean: Array
+    slope: Array
+    cov: Array
+
+
+def local_marginal(cond: LocalConditional, g_mean: Array, g_cov: Array):
+    """``(mean, cov)`` of ``l`` when ``g ~ N(g_mean, g_cov)`` (batched over a leading client axis of
+    ``cond``); ``g_cov`` is (d_g, d_g)."""
+    shift = jnp.einsum("...ij,...j->...i", cond.slope, g_mean - cond.anchor)
+    spread = jnp.einsum("...ij,jk,...lk->...il", cond.slope, g_cov, cond.slope)
+    return cond.mean + shift, _symmetric(cond.cov + spread)
+
+
+def sample_local(cond: LocalConditional, g: Array, key) -> Array:
+    """Draws of ``l | g`` for draws ``g`` (S, d_g) under ONE client's conditional: (S, d_l)."""
+    L = jnp.linalg.cholesky(cond.cov + 1e-12 * jnp.eye(cond.cov.shape[0], dtype=cond.cov.dtype))
+    eps = jax.random.normal(key, (g.shape[0], cond.mean.shape[0]), cond.mean.dtype)
+    return cond.mean + (g - cond.anchor) @ cond.slope.T + eps @ L.T
+
+
+def _symmetric(a):
+    return 0.5 * (a + jnp.swapaxes(a, -1, -2))
+
+
 def average_predictions(potential, draws: Array, X, chunk: int = 64):
     """Bayesian model average of the per-draw predictive over draws (S, d).
 
@@ -204,14 +235,28 @@ class GlobalPosterior:
     default: ``"average"`` (the Bayesian model average above) or ``"mean"``
     (the plug-in predictive at the mean of the flat parameter); both methods
     also take it per call.
+
+    Models with client-local sites (``infer={"local": True}``): ``form`` is the
+    posterior of the global block (``potential.dim_global`` coordinates) and
+    ``local`` the clients' conditionals ``l_k | g``
+    (:class:`LocalConditional`, leading client axis K).
+    ``mean``, ``sd`` and ``sample`` cover the global sites;
+    ``local_mean[site]`` / ``local_sd[site]`` have a leading client axis (each
+    client's local posterior: its conditional averaged over the global
+    posterior), ``sample_local(key, n)`` gives (n, K, ...) draws, and
+    ``predict(X, client=k)`` is client k's predictive (global draws with its
+    local sites drawn from its conditional given each); ``client=None`` (the
+    default) is a new client's, its local sites drawn from their conditional
+    prior given each global draw.
     """
 
     def __init__(self, potential, form, *, num_predictive_draws: int = 100, seed: int = 0,
-                 info: Optional[dict] = None, prediction: str = "average"):
+                 info: Optional[dict] = None, prediction: str = "average", local=None):
         if prediction not in ("average", "mean"):
             raise ValueError(f"prediction must be 'average' or 'mean', got {prediction!r}")
         self.potential = potential
         self.form = form
+        self.local = local
         self.num_predictive_draws = num_predictive_draws
         self.prediction = prediction
         self._key = jax.random.PRNGKey(seed)
@@ -219,7 +264,24 @@ class GlobalPosterior:
 
     # -- parameters ------------------------------------------------------------------------
     @property
+    def has_local_sites(self) -> bool:
+        return bool(getattr(self.potential, "local_sites", ()))
+
+    def _with_zero_local(self, zg: Array) -> Array:
+        """Global draws (..., d_g) padded with zeros on the local block (global sites never read it)."""
+        pad = jnp.zeros(zg.shape[:-1] + (self.potential.dim_local,), zg.dtype)
+        return jnp.concatenate([zg, pad], -1)
+
+    def _global_sites(self, zg: Array) -> dict:
+        vals = jax.vmap(self.potential.constrain)(self._with_zero_local(jnp.atleast_2d(zg)))
+        return {n: vals[n] for n in self.potential.global_sites}
+
+    @property
     def mean(self) -> dict:
+        if self.has_local_sites:
+            if isinstance(self.form, Gaussian):
+                return {k: v[0] for k, v in self._global_sites(self.form.mean()).items()}
+            return {k: jnp.mean(v, 0) for k, v in self._global_sites(self._flat_draws()).items()}
         if isinstance(self.form, Gaussian):
             return self.potential.constrain_all(self.form.mean())
         vals = jax.vmap(self.potential.constrain_all)(self.form.draws)
@@ -231,6 +293,9 @@ class GlobalPosterior:
         real-support sites, from draws otherwise; NaN for a point estimate (:func:`fedprob.summary.site_sd`)."""
         from .summary import site_sd
 
+        if self.has_local_sites:
+            vals = self._global_sites(self.flat_sample(jax.random.PRNGKey(0), 4000))
+            return {k: jnp.std(v, 0, ddof=1) for k, v in vals.items()}
         return site_sd(self)
 
     def summary(self, prob: float = 0.94, chains: Optional[int] = None, num_draws: int = 4000, seed: int = 0):
@@ -238,11 +303,14 @@ class GlobalPosterior:
         R-hat where there are chains of draws, per site and coordinate (:mod:`fedprob.summary`)."""
         from .summary import summary
 
+        if self.has_local_sites:
+            raise NotImplementedError("summary() does not cover client-local sites yet: read mean / sd for the "
+                                      "global sites and local_mean / local_sd for the local ones")
         return summary(self, chains=chains, num_draws=num_draws, seed=seed, prob=prob)
 
     @property
     def flat_mean(self) -> Array:
-        """Mean of the flat unconstrained parameter."""
+        """Mean of the flat unconstrained parameter (of the global block, with client-local sites)."""
         return self.form.mean()
 
     def flat_sample(self, key, n: int) -> Array:
@@ -250,18 +318,129 @@ class GlobalPosterior:
         return self.form.sample(key, n)
 
     def sample(self, key, n: int) -> dict:
-        """dict site -> (n, ...) constrained draws (deterministic sites outside the data plate included)."""
+        """dict site -> (n, ...) constrained draws (deterministic sites outside the data plate included;
+        the global sites alone for a model with client-local sites)."""
+        if self.has_local_sites:
+            return self._global_sites(self.flat_sample(key, n))
         return jax.vmap(self.potential.constrain_all)(self.flat_sample(key, n))
 
-    def _predictive_draws(self, prediction: Optional[str] = None) -> Array:
+    def _flat_draws(self) -> Array:
+        return self.form.draws.reshape(-1, self.form.draws.shape[-1])
+
+    # -- client-local sites ----------------------------------------------------------------
+    def _check_local(self):
+        if not self.has_local_sites or self.local is None:
+            raise ValueError("this posterior has no client-local sites (a model declares them with "
+                             "numpyro.sample(name, d, infer={'local': True}))")
+
+    def _global_moments(self):
+        if isinstance(self.form, Gaussian):
+            return self.form.mean(), self.form.to_full().covariance()
+        draws = self._flat_draws()
+        m = jnp.mean(draws, 0)
+        c = draws - m
+        return m, c.T @ c / max(draws.shape[0] - 1, 1)
+
+    def local_moments(self):
+        """``(mean (K, d_l), cov (K, d_l, d_l))``: each client's local block in unconstrained space."""
+        self._check_local()
+        m, c = self._global_moments()
+        return local_marginal(self.local, m, c)
+
+    def _local_sites(self, zl: Array) -> dict:
+        """Local blocks (..., d_l) -> dict of constrained local sites (global sites at the mean)."""
+        zg = jnp.broadcast_to(self.flat_mean, zl.shape[:-1] + (self.potential.dim_global,))
+        z = jnp.concatenate([zg, zl], -1)
+        flat = z.reshape(-1, z.shape[-1])
+        vals = jax.vmap(self.potential.constrain)(flat)
+        return {n: vals[n].reshape(zl.shape[:-1] + vals[n].shape[1:]) for n in self.potential.local_sites}
+
+    @property
+    def local_mean(self) -> dict:
+        """site -> (K, ...): each client's local posterior mean, the constrained image of the
+        unconstrained mean (exact for real-support sites, like :attr:`mean` of a Gaussian)."""
+        return self._local_sites(self.local_moments()[0])
+
+    @property
+    def local_sd(self) -> dict:
+        """site -> (K, ...): each client's local posterior sd (exact for real-support sites; from 4000
+        draws of :meth:`sample_local` otherwise)."""
+        mean, cov = self.local_moments()
+        sd = jnp.sqrt(jnp.diagonal(cov, axis1=-2, axis2=-1))
+        real = np.asarray(self.potential._real_mask[self.potential.dim_global:])
+        out, draws = {}, None
+        for site in self.potential.sites:
+            if site.name not in self.potential.local_sites:
+                continue
+            sl = slice(site.offset - self.potential.dim_global, site.offset - self.potential.dim_global + site.size)
+            if bool(np.all(real[sl])) and tuple(site.shape) == tuple(site.unconstrained_shape):
+                out[site.name] = sd[:, sl].reshape((-1,) + tuple(site.shape))
+            else:
+                draws = self.sample_local(jax.random.PRNGKey(0), 4000) if draws is None else draws
+                out[site.name] = jnp.std(draws[site.name], 0, ddof=1)
+        return out
+
+    def _local_draws(self, key, zg: Array) -> Array:
+        """(K, S, d_l) local blocks drawn for each client given global draws zg (S, d_g)."""
+        K = self.local.mean.shape[0]
+        return jax.vmap(lambda c, k: sample_local(c, zg, k))(self.local, jax.random.split(key, K))
+
+    def sample_local(self, key, n: int) -> dict:
+        """site -> (n, K, ...) constrained draws of every client's local sites, each drawn jointly with
+        a global draw (the same n global draws for every client)."""
+        self._check_local()
+        k_g, k_l = jax.random.split(key)
+        zg = self.flat_sample(k_g, n)
+        zl = jnp.swapaxes(self._local_draws(k_l, zg), 0, 1)     # (n, K, d_l)
+        return self._local_sites_jointly(zg, zl)
+
+    def _local_sites_jointly(self, zg: Array, zl: Array) -> dict:
+        """Constrained local sites for global draws zg (n, d_g) and local blocks zl (n, K, d_l)."""
+        K = zl.shape[1]
+        z = jnp.concatenate([jnp.broadcast_to(zg[:, None], zl.shape[:2] + zg.shape[-1:]), zl], -1)
+        vals = jax.vmap(self.potential.constrain)(z.reshape(-1, z.shape[-1]))
+        return {n: vals[n].reshape((zl.shape[0], K) + vals[n].shape[1:]) for n in self.potential.local_sites}
+
+    def _predictive_draws(self, prediction: Optional[str] = None, client=None) -> Array:
         prediction = self.prediction if prediction is None else prediction
         if prediction not in ("average", "mean"):
             raise ValueError(f"prediction must be 'average' or 'mean', got {prediction!r}")
+        if self.has_local_sites:
+            return self._joint_predictive_draws(prediction, client)
+        if client is not None:
+            raise ValueError("client=... needs a model with client-local sites (infer={'local': True}); "
+                             "this model shares every site across clients")
         if prediction == "mean":
             return self.form.mean()[None]
         if isinstance(self.form, Samples):
             return self.form.draws.reshape(-1, self.form.draws.shape[-1])
         return self.form.sample(self._key, self.num_predictive_draws)
+
+    def _joint_predictive_draws(self, prediction: str, client) -> Array:
+        """Joint draws (S, d) for client ``client``'s predictive, or a new client's (``client=None``)."""
+        k_g, k_l = jax.random.split(jax.random.fold_in(self._key, 1))
+        if prediction == "mean":
+            zg = self.form.mean()[None]
+        elif isinstance(self.form, Samples):
+            zg = self._flat_draws()
+        else:
+            zg = self.form.sample(k_g, self.num_predictive_draws)
+        if client is None:
+            keys = jax.random.split(k_l, zg.shape[0])
+            zl = jax.vmap(self.potential.sample_local_prior)(keys, zg)
+            if prediction == "mean":
+                raise ValueError("prediction='mean' needs client=k for a model with client-local sites: a new "
+                                 "client's local sites are drawn from their prior")
+            return jnp.concatenate([zg, zl], -1)
+        self._check_local()
+        K = self.local.mean.shape[0]
+        if isinstance(client, bool) or not isinstance(client, (int, np.integer)) or not 0 <= int(client) < K:
+            raise ValueError(f"client must be None (a new client) or an index in [0, {K}), got {client!r}")
+        cond = jax.tree_util.tree_map(lambda a: a[int(client)], self.local)
+        if prediction == "mean":
+            mean, _ = self.local_moments()
+            return jnp.concatenate([zg, mean[int(client)][None]], -1)
+        return jnp.concatenate([zg, sample_local(cond, zg, k_l)], -1)
 
     # -- prediction ------------------------------------------------------------------------
     def _check_inputs(self, X) -> Array:
@@ -281,14 +460,17 @@ class GlobalPosterior:
                              "need finite inputs")
         return jnp.asarray(X)
 
-    def predict(self, X, prediction: Optional[str] = None):
+    def predict(self, X, prediction: Optional[str] = None, client=None):
         """Posterior predictive at X (class probabilities, or (mean, variance)); X is validated.
 
         ``prediction``: "average" (over draws) or "mean" (at the mean); default ``self.prediction``.
+        ``client``: with client-local sites, the index of the client whose local posterior predicts
+        (None: a new client's predictive, class docstring).
         """
-        return _average_predictions_jit(self.potential, self._predictive_draws(prediction), self._check_inputs(X), 64)
+        X = self._check_inputs(X)
+        return _average_predictions_jit(self.potential, self._predictive_draws(prediction, client), X, 64)
 
-    def log_predictive_density(self, X, y, prediction: Optional[str] = None) -> Array:
+    def log_predictive_density(self, X, y, prediction: Optional[str] = None, client=None) -> Array:
         """(n,) log p(y_i | x_i, D): the log of the posterior predictive averaged over draws (or at the mean)."""
         X = self._check_inputs(X)
         y = jnp.asarray(y)
@@ -298,7 +480,7 @@ class GlobalPosterior:
             raise ValueError(f"X has {inputs.num_rows(X)} rows and y {y.shape[0] if y.ndim else 0}")
         if self.potential.task != "regression":
             y = y.astype(jnp.int32)
-        return _mixture_log_density_jit(self.potential, self._predictive_draws(prediction), X, y, 64)
+        return _mixture_log_density_jit(self.potential, self._predictive_draws(prediction, client), X, y, 64)
 
 
 def log_predictive_density(task: str, prediction, y) -> Array:
@@ -318,5 +500,5 @@ def log_predictive_density(task: str, prediction, y) -> Array:
     return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
 
 
-__all__ = ["Samples", "Gaussian", "GlobalPosterior", "average_predictions", "log_predictive_density",
+__all__ = ["Samples", "Gaussian", "GlobalPosterior", "LocalConditional", "local_marginal", "sample_local", "average_predictions", "log_predictive_density",
            "mixture_log_density"]

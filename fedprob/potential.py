@@ -27,6 +27,20 @@ Conventions (used by every backend and algorithm):
   ``prior_weight = 1/K`` (see :func:`mean_loss`), so learning rates carry
   across client sizes.
 
+Client-local sites. A site declared ``numpyro.sample(name, d, infer={"local": True})``
+belongs to one client (a varying intercept, a client's own scale): every
+client infers the joint of the global sites and its own copy of the local
+ones, and only the global block leaves it. The layout puts the global sites
+first, ``z = (z_global, z_local)`` (``dim_global`` then ``dim_local``
+coordinates; without local sites the layout is the model order). A client's
+target then reads ``prior_weight * log p0(z_global) + likelihood_weight *
+(log p(z_local | z_global) + log p(D_k | z))`` plus the Gaussian term: the
+prior share (1/K, a cavity) applies to the global sites only, and the local
+sites' conditional prior stays whole on every client, as a part of the
+client's evidence about the global sites. A local site must be continuous
+and keep one shape on every client (not inside the ``data`` plate, not
+sized by the row count); other sites may depend on it, no global site may.
+
 Clients of different sizes are padded into one array of ``N_max`` rows with a
 count ``n`` each (:class:`ClientData`), so one jitted function serves every
 client under ``vmap``.
@@ -142,6 +156,7 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
             if site["type"] == "sample":
                 fn = site["fn"]
                 entry.update(is_observed=bool(site["is_observed"]),
+                             local=bool((site.get("infer") or {}).get("local", False)),
                              in_data_plate=_in_data_plate(site) is not None,
                              is_discrete=bool(fn.support.is_discrete),
                              is_factor=isinstance(fn, dist.Unit),
@@ -170,6 +185,32 @@ def _abstract_trace(model, X, y, model_kwargs) -> dict:
             "the inputs, which hold one client's rows: make it a model argument, "
             "`def model(X, y=None, num_groups=8)` with `fp.run(..., model_kwargs={'num_groups': 8})`") from e
     return out
+
+
+def _check_local_site(name: str, site: dict, in_plate: bool) -> None:
+    """A client-local site must be continuous and sized independently of the client's rows."""
+    if site["is_discrete"]:
+        raise ValueError(
+            f"local site '{name}' is discrete; client-local sites are inferred jointly with the global "
+            "ones by gradient-based client backends (Laplace, VI, NUTS, SG-MCMC), which need continuous "
+            "sites: marginalise it in the likelihood or give it a continuous distribution")
+    if in_plate:
+        raise ValueError(
+            f"local site '{name}' lies inside the '{DATA_PLATE}' plate, so its shape depends on the "
+            "client's row count; a local site needs one shape on every client (declare it outside the "
+            f"'{DATA_PLATE}' plate with a fixed shape, or marginalise per-row latents in the likelihood)")
+
+
+def _check_local_shapes(model, X, y, model_kwargs, info: dict, names) -> None:
+    """Refuse a local site whose shape changes with the number of rows (traced at 1 row and at 2)."""
+    one = _abstract_trace(model, X[:1], y[:1], model_kwargs)
+    for name in names:
+        a, b = info[name]["shape"], one.get(name, {}).get("shape")
+        if a != b:
+            raise ValueError(
+                f"local site '{name}' has shape {b} on a client of 1 row and {a} on one of 2 rows: its "
+                "shape depends on the client's row count; a local site needs one shape on every client "
+                "(size it by a fixed number, e.g. a number of groups passed in model_kwargs)")
 
 
 def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
@@ -221,6 +262,7 @@ class Potential:
         y = jnp.asarray(y)[:2]
         info = _abstract_trace(model, X, y, self.model_kwargs)
         sites, observed, deterministic, real_sites, prior_factors, factors = [], [], [], [], [], []
+        latent = []
         offset = 0
         has_plate = False
         for name, site in info.items():
@@ -271,6 +313,8 @@ class Potential:
                 if site["is_factor"]:
                     factors.append(name)
                 continue
+            if site["local"]:
+                _check_local_site(name, site, in_plate)
             if in_plate:
                 raise ValueError(
                     f"latent site '{name}' lies inside the '{DATA_PLATE}' plate; per-datapoint "
@@ -279,6 +323,13 @@ class Potential:
                 raise ValueError(f"latent site '{name}' is discrete; only continuous parameters "
                                  "are supported")
             size = int(np.prod(site["unconstrained_shape"]))
+            latent.append((name, site, size))
+        # the layout: global sites first (model order), then the client-local ones (model order)
+        latent = [t for t in latent if not t[1]["local"]] + [t for t in latent if t[1]["local"]]
+        local_names = tuple(name for name, site, _ in latent if site["local"])
+        if local_names and X.shape[0] > 1:
+            _check_local_shapes(model, X, y, self.model_kwargs, info, local_names)
+        for name, site, size in latent:
             sites.append(SiteInfo(name, site["shape"], site["unconstrained_shape"], offset, size))
             real_sites.append(site["is_real"])
             offset += size
@@ -302,6 +353,12 @@ class Potential:
         self.deterministic = tuple(deterministic)
         self.dim = offset
         self.site_names = tuple(s.name for s in sites)
+        #: client-local sites (``infer={"local": True}``), after the global ones in the layout: the
+        #: flat vector is ``z = (z_global, z_local)`` with ``z_global = z[:dim_global]``
+        self.local_sites = local_names
+        self.global_sites = tuple(n for n in self.site_names if n not in local_names)
+        self.dim_global = int(sum(s.size for s in sites if s.name not in local_names))
+        self.dim_local = self.dim - self.dim_global
         obs = info[observed[0]]
         # "classification": Categorical/Bernoulli likelihood (predict gives class log-probabilities);
         # "count": any other discrete likelihood (Poisson, Binomial, ...); "regression": continuous.
@@ -383,10 +440,16 @@ class Potential:
     # -- densities ------------------------------------------------------------------------
     def _terms(self, z: Array, X, y, weights):
         """(log prior with Jacobian, weighted log likelihood) from one trace."""
+        lp_global, lp_local, ll = self._split_terms(z, X, y, weights)
+        return lp_global + lp_local, ll
+
+    def _split_terms(self, z: Array, X, y, weights):
+        """(log prior of the global sites, log p(local sites | global sites), weighted log
+        likelihood), Jacobians included, from one trace; the middle term is 0.0 without local sites."""
         u = self.unravel(z)
         values = {}
         tr = self._trace_with(u, X, y, values)
-        log_prior = 0.0
+        log_prior, log_local = 0.0, 0.0
         for s in self.sites:
             site = tr[s.name]
             x = values[s.name]
@@ -394,7 +457,11 @@ class Potential:
             if site.get("scale") is not None:
                 lp = lp * site["scale"]
             t = biject_to(site["fn"].support)
-            log_prior = log_prior + lp + jnp.sum(t.log_abs_det_jacobian(u[s.name], x))
+            term = lp + jnp.sum(t.log_abs_det_jacobian(u[s.name], x))
+            if s.name in self.local_sites:
+                log_local = log_local + term
+            else:
+                log_prior = log_prior + term
         for name in self.prior_factors:
             site = tr[name]
             lp = jnp.sum(site["fn"].log_prob(site["value"]))
@@ -408,7 +475,7 @@ class Potential:
             frame = _in_data_plate(site)
             w = jnp.reshape(weights, (weights.shape[0],) + (1,) * (-frame.dim - 1))
             log_lik = log_lik + jnp.sum(lp * w)
-        return log_prior, log_lik
+        return log_prior, log_local, log_lik
 
     def log_prior(self, z: Array) -> Array:
         """log p0(z) in unconstrained space (Jacobian included)."""
@@ -417,6 +484,23 @@ class Potential:
 
     def _call(self, X, y):
         return inputs.call(self.model, X, y, self.model_kwargs)
+
+    def log_prior_parts(self, z: Array):
+        """(log p0 of the global sites, log p(local sites | global sites)) at the flat ``z``; the second
+        is 0.0 without client-local sites. Their sum is :meth:`log_prior`."""
+        return self._split_terms(z, self.example_X(), self.example_y(), jnp.zeros((1,)))[:2]
+
+    def target_log_prior(self, z: Array, target: LocalTarget) -> Array:
+        """The prior part of a client's target: ``prior_weight * log p0(z_global) +
+        likelihood_weight * log p(z_local | z_global)`` (module docstring)."""
+        lp, lp_local = self.log_prior_parts(z)
+        return target.prior_weight * lp + target.likelihood_weight * lp_local
+
+    def log_prior_global(self, z_global: Array) -> Array:
+        """log p0 of the global sites alone, a function of ``z_global`` (dim_global,); the local
+        sites are set to 0 in unconstrained space (no global site may depend on a local one)."""
+        z = jnp.concatenate([z_global, jnp.zeros((self.dim_local,), z_global.dtype)])
+        return self._split_terms(z, self.example_X(), self.example_y(), jnp.zeros((1,)))[0]
 
     def example_X(self):
         """One real input row, (1, ...): where the model is traced when no data is at hand."""
@@ -448,8 +532,10 @@ class Potential:
     def log_density(self, z: Array, target: LocalTarget, key=None, batch_size=None) -> Array:
         """A client's (stochastic, if batch_size is set) log target density."""
         X, y, w = minibatch(key, target.data, batch_size)
-        lp, ll = self._terms(z, X, y, w)
-        out = target.prior_weight * lp + target.likelihood_weight * ll + jnp.dot(target.linear, z)
+        lp, lp_local, ll = self._split_terms(z, X, y, w)
+        # the prior share acts on the global sites only; p(local | global) goes with the client's
+        # likelihood (it is part of the client's evidence about the global sites)
+        out = target.prior_weight * lp + target.likelihood_weight * (lp_local + ll) + jnp.dot(target.linear, z)
         if target.precision.ndim == 1:
             out = out - 0.5 * jnp.sum(target.precision * z * z)
         else:
@@ -468,6 +554,24 @@ class Potential:
             tr = handlers.trace(handlers.seed(self._call, key)).get_trace(X, self.example_y())
         return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"])
                            for s in self.sites})
+
+    def sample_local_prior(self, key: Array, z_global: Array) -> Array:
+        """One draw of the local block from its conditional prior ``p(z_local | z_global)`` (a new
+        client's local sites), unconstrained, (dim_local,)."""
+        u = self.unravel(jnp.concatenate([z_global, jnp.zeros((self.dim_local,), z_global.dtype)]))
+        glob = set(self.global_sites)
+
+        def substitute_fn(site):
+            if site["type"] == "sample" and site["name"] in glob and not site["is_observed"]:
+                return biject_to(site["fn"].support)(u[site["name"]])
+            return None
+
+        with handlers.block():
+            tr = handlers.trace(handlers.substitute(handlers.seed(self.model, key), substitute_fn=substitute_fn)
+                                ).get_trace(self.example_X(), self.example_y(), **self.model_kwargs)
+        parts = [jnp.reshape(biject_to(tr[n]["fn"].support).inv(tr[n]["value"]), (-1,))
+                 for n in self.local_sites]
+        return jnp.concatenate(parts).astype(z_global.dtype)
 
     def init(self, key: Array, strategy: str = "prior") -> Array:
         """A starting point for optimisers and samplers (flat unconstrained vector).

@@ -171,8 +171,9 @@ def client_khats(algorithm, ctx, server_state, client_states, data, client_diagn
 
 
 def applies(potential) -> bool:
-    """Whether k-hat is computed for this model (at most :data:`MAX_DIM` parameters)."""
-    return potential.dim <= MAX_DIM
+    """Whether k-hat is computed for this model: at most :data:`MAX_DIM` parameters and no
+    client-local sites (a client's Gaussian then stands for the global block of a joint target)."""
+    return potential.dim <= MAX_DIM and not getattr(potential, "local_sites", ())
 
 
 def message(khat, global_k=None) -> str | None:
@@ -196,7 +197,9 @@ def message(khat, global_k=None) -> str | None:
             "target has mass (heavy tails, a funnel, skew, or correlations a diagonal Gaussian drops), so the "
             "posterior built from it is unreliable. Use a full-covariance family (family='full') where the "
             "target is near Gaussian but correlated, or a sampling client (NUTS, SGHMC) with a sample-based "
-            "product (EPMCMC(method='semiparametric'), PredictiveBayes, Ensemble)")
+            "product (EPMCMC(method='semiparametric'), PredictiveBayes, Ensemble); where a funnel comes from "
+            "per-client parameters under a shared scale, mark them client-local (infer={'local': True}) so each "
+            "client keeps its own")
 
 
 def warn(khat, global_k=None, stacklevel: int = 3) -> None:

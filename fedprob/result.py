@@ -51,7 +51,11 @@ class Result:
     ``client_phase_compile_s`` / ``client_phase_s`` (one-round methods: the
     client phase runs as its own compiled call, shared between methods with
     the same backend and shapes; see :mod:`fedprob.engine.client_phase`);
-    ``compile_time`` includes the client phase's compile.
+    ``compile_time`` includes the client phase's compile; ``local_refresh``
+    (models with client-local sites): the extra client pass after the last
+    round that re-takes every client's local posterior against the final
+    global one (``time_s``, ``clients``, ``not_finite``: clients that kept
+    their previous local posterior).
     client_khat: (K,) Pareto k-hat of each client's Gaussian against its own
     target (:mod:`fedprob.psis`; NaN where a client has none), None when the
     method has no Gaussian client (or the model more than

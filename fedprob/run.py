@@ -17,7 +17,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import deprecated
-from .algorithms.base import Algorithm, Context
+from .algorithms.base import Algorithm, Context, check_local_sites
 from .checkpoint import Checkpoint
 from .data.federated import FederatedData, check_eval_data, check_model_labels
 from .engine import Flower, Local, local, sharded
@@ -131,6 +131,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     # build: the potential, the checked data, the initial (or restored) states, the compiled round
     K = fed.num_clients
     potential = get_potential(model, fed, model_kwargs)
+    check_local_sites(algorithm, potential)
     if potential.task == "classification":
         check_model_labels(fed.pooled()[1], potential.num_classes, "federation")
     evald = check_eval_data(eval_data, potential)
@@ -175,9 +176,16 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     if bar is not None:
         bar.close()
     # collect
+    clients = compiled.host_clients(clients)
+    info = compiled.info
+    # client-local sites: one more client pass re-takes each client's local posterior against the
+    # final global one (the last round's evaluation came before it, so the posterior is recomputed)
+    clients, refresh = local.refresh_local(algorithm, ctx, server, clients, data, jax.random.fold_in(k_rounds, rounds))
+    if refresh is not None:
+        info, posterior = {**info, "local_refresh": refresh}, None
     # the last round's evaluated posterior is the result's (computed once: its Monte Carlo checks warn once)
-    return collect(algorithm, ctx, server, compiled.host_clients(clients), log, compiled.compile_time, init_time,
-                   evald, compiled.info, posterior if evald is not None and start < rounds else None,
+    return collect(algorithm, ctx, server, clients, log, compiled.compile_time, init_time,
+                   evald, info, posterior if evald is not None and start < rounds else None,
                    data=data, seed=seed)
 
 

@@ -332,10 +332,14 @@ def curvature(potential, target, z, hessian: str = "full", chunk_size: int = 32,
                                                     diagonal, chunk_size)
 
     def neg_log_prior(x):
-        return -target.prior_weight * potential.log_prior(x)
+        # with client-local sites their conditional prior carries the likelihood weight
+        return -potential.target_log_prior(x, target)
 
     lam = target.precision
-    if diagonal:
+    if diagonal and potential.local_sites:
+        prior = hessian_diag(neg_log_prior, z, chunk_size)
+        gauss = lam if lam.ndim == 1 else jnp.diagonal(lam)
+    elif diagonal:
         prior = target.prior_weight * prior_curvature_diag(potential, z, chunk_size)
         gauss = lam if lam.ndim == 1 else jnp.diagonal(lam)
     else:

@@ -40,7 +40,7 @@ fixed-length step loop and leaves its state unchanged at every step
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +97,12 @@ class Algorithm(CheckedKeywords):
         estimates, samplers) or reports k-hat from its client updates (one-round methods)."""
         return None
 
+    def local_sites_refusal(self, potential) -> Optional[str]:
+        """Why this configuration cannot take the model's client-local sites (``infer={"local":
+        True}``), or None when it can: it then sends only the global block and keeps each client's
+        local posterior (:func:`check_local_sites`). Default: refused."""
+        return f"{type(self).__name__} does not take client-local sites yet"
+
     def update_part(self, ctx: Context, message):
         """The update leaves of one client's ``message``, or None when it has none."""
         return None
@@ -104,6 +110,27 @@ class Algorithm(CheckedKeywords):
     def with_update(self, ctx: Context, message, update):
         """``message`` with its update part replaced by ``update``."""
         raise NotImplementedError(f"{type(self).__name__} names no update part")
+
+
+def check_local_sites(algorithm, potential) -> None:
+    """A ValueError naming the model's client-local sites when ``algorithm`` cannot take them.
+
+    Called by every entry point right after the potential is built, before
+    anything is compiled: an algorithm that does not know local sites would
+    otherwise treat them as global ones (averaged or multiplied across
+    clients), which is a different model.
+    """
+    names = getattr(potential, "local_sites", ())
+    if not names:
+        return
+    reason = algorithm.local_sites_refusal(potential)
+    if reason is not None:
+        listed = ", ".join(f"'{n}'" for n in names)
+        raise ValueError(
+            f"the model marks {listed} as client-local (infer={{'local': True}}), and {reason}; use "
+            "fp.algorithms.PVI (Gaussian clients), or EPMCMC (parametric) or ConsensusMC with sampling "
+            "clients, for a model with local sites, or drop infer={'local': True} to share the site "
+            "across clients")
 
 
 def masked_weights(weights, mask):

@@ -18,8 +18,8 @@ import numpy as np
 from ..client_map import vmap_clients
 from ..protocols import finite_flag, run_chains
 from ..potential import ClientData, make_target
-from .base import Algorithm, Context
-from .one_round_base import OneRoundAlgorithm, check_client
+from .base import Algorithm, Context, check_local_sites
+from .one_round_base import LocalClient, OneRoundAlgorithm, check_client
 
 Array = jax.Array
 
@@ -68,9 +68,12 @@ class FromClientPhase(Algorithm):
     def client_update(self, ctx, server_state, client_state, data, key):
         _, k_msg = jax.random.split(key)
         rows = ClientData(data.X, data.y, data.n)
-        message = self.inner.client_message(ctx, rows, data.result, k_msg)
-        diagnostics = {**data.result.diagnostics, **self.inner.client_khat(ctx, data.result, rows, k_msg)}
-        return client_state, (client_state, message), diagnostics
+        result, cond = self.inner.split_local(ctx, data.result)
+        message = self.inner.client_message(ctx, rows, result, k_msg)
+        diagnostics = {**result.diagnostics, **self.inner.client_khat(ctx, result, rows, k_msg)}
+        if cond is None:
+            return client_state, (client_state, message), diagnostics
+        return LocalClient(client_state.id, cond), (client_state.id, message), diagnostics
 
     def server_update(self, ctx, server_state, messages, weights, mask):
         return self.inner.server_update(ctx, server_state, messages, weights, mask)
@@ -146,10 +149,14 @@ def aggregate(algorithms, runs: ClientRuns, key=None) -> list:
     (default ``runs.key``).
     """
     ctx = runs.context
+    if ctx.potential.local_sites:
+        raise ValueError(f"aggregate() does not take client-local sites yet ({list(ctx.potential.local_sites)}): "
+                         "run the method with fp.run, whose clients keep their local posteriors")
     out = []
     for algo in algorithms:
         if not isinstance(algo, OneRoundAlgorithm):
             raise TypeError(f"aggregate takes one-round algorithms, got {type(algo).__name__}")
+        check_local_sites(algo, ctx.potential)
         s = algo.prior_weight(ctx)
         if abs(s - runs.prior_weight) > 1e-9 * max(1.0, abs(s)):
             raise ValueError(f"{type(algo).__name__} needs clients run with prior share {s:g}, these used "

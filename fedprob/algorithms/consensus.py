@@ -93,7 +93,7 @@ class ConsensusMC(GaussianProductAlgorithm):
         g0 = None
         if missing > 0:
             k_prior, k_draw = jax.random.split(server_state.key)
-            g0, _ = gauss.prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
+            g0, _ = self.prior_of(ctx, k_prior, diag)
             g0 = g0.power(missing)
             d0 = g0.sample(k_draw, WX.shape[0])
             Wsum = Wsum + g0.precision
@@ -107,7 +107,8 @@ class ConsensusMC(GaussianProductAlgorithm):
             info["num_chains"] = C          # draws chain-major: combined chain c = every client's chain c
         info.update(monte_carlo_check("ConsensusMC", Wsum, sums["mc"], ids, ess))
         info.update(self.diag_bias_info("ConsensusMC", sums, sums["weight"], g0, Kp))
-        return GlobalPosterior(ctx.potential, Samples(combined), info=info)
+        return GlobalPosterior(ctx.potential, Samples(combined), info=self.local_info(info, client_states),
+                               local=self.local_of(client_states))
 
 
 __all__ = ["ConsensusMC"]

@@ -132,6 +132,12 @@ class EPMCMC(GaussianProductAlgorithm):
             raise ValueError(f"EPMCMC(method={self.method!r}) needs at least 2 draws per client, the "
                              f"client backend returns {shapes['draws'].shape[0]}")
 
+    def local_sites_refusal(self, potential):
+        if self.method != "parametric":
+            return (f"EPMCMC(method={self.method!r}) does not take client-local sites yet "
+                    "(method='parametric' does)")
+        return super().local_sites_refusal(potential)
+
     def prior_power(self, ctx: Context, num_received: int) -> float:
         """Exponent of the prior that completes the product: ``1 - K' s``."""
         power = 1.0 - num_received * self.prior_weight(ctx)
@@ -146,7 +152,7 @@ class EPMCMC(GaussianProductAlgorithm):
         diag = self.family == "diag"
         power = self.prior_power(ctx, Kp)
         k_prior, k_chain = jax.random.split(server_state.key)
-        g0, exact = gauss.prior_gaussian(ctx.potential, k_prior, diag, self.num_prior_samples)
+        g0, exact = self.prior_of(ctx, k_prior, diag)
         info = {"kind": f"ep-mcmc ({self.method})", "family": self.family,
                 "num_clients_combined": Kp, "client_ids": ids.tolist(), "prior_power": power,
                 "prior_exact": bool(exact), "subposteriors": self.uses_subposteriors}
@@ -156,7 +162,8 @@ class EPMCMC(GaussianProductAlgorithm):
             info.update(ginfo)
             info.update(monte_carlo_check("EPMCMC", g.precision, sums["mc"], ids, ess))
             info.update(self.diag_bias_info("EPMCMC", sums, sums["precision"], g0.power(power), Kp))
-            return GlobalPosterior(ctx.potential, g, info=info)
+            return GlobalPosterior(ctx.potential, g, info=self.local_info(info, client_states),
+                                   local=self.local_of(client_states))
         draws, cinfo = kde_product_sample(
             k_chain, msgs["draws"], num_samples=self.num_samples, bandwidth=self.bandwidth,
             semiparametric=self.method == "semiparametric", diag=diag, jitter=self.jitter,

@@ -15,12 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import local_sites as loc
 from ..inference import NUTS
 from ..posteriors import Gaussian, Samples
 from ..protocols import ClientBackend, ClientResult, run_chains
 from ..potential import make_target
 from ..validation import check_choice, check_int  # noqa: F401  (re-exported to the methods)
 from .aliases import alias_field, resolve_family
+from .. import gaussian as gauss
 from .base import Algorithm, Context, masked_sum
 from .diag_bias import diag_bias_check, diag_probe
 from .messages import result_gaussian
@@ -42,6 +44,15 @@ class OneRoundState(NamedTuple):
     valid: Array
     sizes: Array
     key: Array
+
+
+class LocalClient(NamedTuple):
+    """Client state of a one-round method on a model with client-local sites: the client's id and
+    the conditional ``l_k | g`` of its local sites fitted to its joint draws
+    (:func:`fedprob.local_sites.conditional_from_draws`)."""
+
+    id: Array
+    local: loc.LocalConditional
 
 
 class SumState(NamedTuple):
@@ -149,21 +160,41 @@ class OneRoundAlgorithm(Algorithm):
         z0 = ctx.potential.init(k_init, backend.init_strategy)
         return run_chains(backend, k_run, ctx.potential, target, z0)
 
+    def split_local(self, ctx: Context, result):
+        """``(result of the global block, LocalConditional)`` of a joint client result on a model with
+        client-local sites (the draws' global block; the local sites' conditional given the global ones,
+        regressed on the joint draws); ``(result, None)`` without local sites. The conditional
+        ``p(l_k | g, D_k)`` does not depend on the prior share of the global sites, so a sub-posterior's
+        draws give it as well as a full posterior's."""
+        pot = ctx.potential
+        if not pot.local_sites:
+            return result, None
+        dg = pot.dim_global
+        draws = result.posterior.draws
+        cond = loc.conditional_from_draws(draws.reshape(-1, draws.shape[-1]), dg)
+        return ClientResult(Samples(draws[..., :dg]), result.params[..., :dg], result.diagnostics), cond
+
     def _client_message(self, ctx: Context, data, key, start_key=None):
+        """``(message, diagnostics, local conditional or None)`` of one client."""
         k_run, k_msg = jax.random.split(key)
-        result = self.run_client(ctx, data, k_run, start_key)
+        result, cond = self.split_local(ctx, self.run_client(ctx, data, k_run, start_key))
         diagnostics = {**result.diagnostics, **self.client_khat(ctx, result, data, k_msg)}
-        return self.client_message(ctx, data, result, k_msg), diagnostics
+        return self.client_message(ctx, data, result, k_msg), diagnostics, cond
 
     def init(self, ctx: Context, key, data):
-        """Empty server state shaped like one client's message (traced, not run) and client ids 0..K-1.
+        """Empty server state shaped like one client's message (traced, not run) and client ids 0..K-1
+        (with client-local sites, :class:`LocalClient` states holding an empty conditional each).
 
         ``key`` is kept in the server state for the server's own draws in ``posterior``.
         """
         one = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), data)
         kspec = jax.ShapeDtypeStruct(jnp.shape(key), jnp.asarray(key).dtype)
-        shapes, _ = jax.eval_shape(lambda d, k: self._client_message(ctx, d, k, k), one, kspec)
-        return self.empty_state(ctx, key, shapes), jnp.arange(ctx.num_clients, dtype=jnp.int32)
+        shapes, _, cond = jax.eval_shape(lambda d, k: self._client_message(ctx, d, k, k), one, kspec)
+        ids = jnp.arange(ctx.num_clients, dtype=jnp.int32)
+        if cond is not None:
+            K = ctx.num_clients
+            ids = LocalClient(ids, jax.tree_util.tree_map(lambda s: jnp.zeros((K,) + s.shape, s.dtype), cond))
+        return self.empty_state(ctx, key, shapes), ids
 
     def empty_state(self, ctx: Context, key, shapes) -> OneRoundState:
         """The server state before any message: K empty slots shaped like ``shapes`` (one message)."""
@@ -178,8 +209,24 @@ class OneRoundAlgorithm(Algorithm):
     def client_update(self, ctx: Context, server_state, client_state, data, key):
         """Run the backend once; the message is ``(client id, payload)``, the diagnostics the backend's."""
         start_key = jax.random.fold_in(server_state.key, 1)
-        message, diagnostics = self._client_message(ctx, data, key, start_key)
-        return client_state, (client_state, message), diagnostics
+        message, diagnostics, cond = self._client_message(ctx, data, key, start_key)
+        if cond is None:
+            return client_state, (client_state, message), diagnostics
+        return LocalClient(client_state.id, cond), (client_state.id, message), diagnostics
+
+    @staticmethod
+    def local_of(client_states):
+        """The clients' stacked local conditionals, or None (no client-local sites)."""
+        return client_states.local if isinstance(client_states, LocalClient) else None
+
+    @staticmethod
+    def local_info(info: dict, client_states) -> dict:
+        """``info`` with a note on the local posteriors when the clients kept some."""
+        if isinstance(client_states, LocalClient):
+            info["local_posterior"] = (
+                "each client's local sites given the global ones, regressed on its joint draws (p(l_k | g, "
+                "D_k) does not depend on the prior share), averaged over the combined global posterior")
+        return info
 
     def server_update(self, ctx: Context, server_state: OneRoundState, messages, weights, mask):
         """Store each unmasked client's payload and size in its slot; masked clients change nothing."""
@@ -350,11 +397,8 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         (the kernel variants of EPMCMC use no Gaussian of a sampler's draws: None)."""
         post = result.posterior if hasattr(result, "posterior") else result
         if isinstance(post, Samples) and getattr(self, "method", "parametric") == "parametric":
-            from .. import gaussian as gauss
-
             return gauss.moment_match(post.draws, self.family == "diag", self.jitter, warn=False)
         return super().gaussian_fit(ctx, result)
-
 
     def probes_diag_bias(self) -> bool:
         """True when clients probe the curvature a diagonal product drops (``family="diag"``, a
@@ -364,7 +408,7 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
     def client_message(self, ctx: Context, data, result, key):
         """:meth:`make_message`, plus the off-diagonal probe when :meth:`probes_diag_bias`."""
         msg = self.make_message(ctx, result, key)
-        if not self.probes_diag_bias():
+        if not self.probes_diag_bias() or ctx.potential.local_sites:
             return msg
         g = result_gaussian(result, True, self.jitter)
         probe = diag_probe(ctx.potential, data, self.prior_weight(ctx), g.mean(), g.precision, self.bias_probes)
@@ -381,6 +425,24 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         mean = (lin + l0) / (precision + p0)
         return diag_bias_check(name, sums, mean, precision, l0, p0, self.bias_probes, num_clients)
 
+    def local_sites_refusal(self, potential):
+        """None for sampling clients: the product runs over the global block of their draws, each
+        client keeping the conditional of its local sites (:meth:`split_local`)."""
+        if self.backend.output != "samples":
+            return (f"{type(self).__name__} takes client-local sites with sampling clients only (NUTS, HMC, "
+                    f"SG-MCMC), not {type(self.backend).__name__}: use PVI for Gaussian clients")
+        return None
 
-__all__ = ["OneRoundState", "SumState", "check_client", "OneRoundAlgorithm", "SummingOneRoundAlgorithm",
+    def prior_of(self, ctx: Context, key, diag: bool):
+        """``(Gaussian, exact)``: the prior as a Gaussian, of the global block for a model with
+        client-local sites (:mod:`fedprob.algorithms.model_prior`)."""
+        if ctx.potential.local_sites:
+            from .model_prior import _diag_model_prior
+
+            g, exact = _diag_model_prior(ctx.potential)
+            return (g if diag else g.to_full()), exact
+        return gauss.prior_gaussian(ctx.potential, key, diag, self.num_prior_samples)
+
+
+__all__ = ["OneRoundState", "SumState", "LocalClient", "check_client", "OneRoundAlgorithm", "SummingOneRoundAlgorithm",
            "GaussianProductAlgorithm", "check_choice", "check_int"]

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..protocols import finite_flag
-from .base import Context
+from .base import Context, check_local_sites
 from .aliases import resolve_family
 from .natural import FAMILIES, Configured, NaturalLoop
 
@@ -94,6 +94,7 @@ def run_sequential(algorithm, model, fed, sweeps: int = 1, seed: int = 0, eval_d
     if int(sweeps) < 1:
         raise ValueError(f"sweeps must be >= 1, got {sweeps}")
     potential = get_potential(model, fed, model_kwargs)
+    check_local_sites(algorithm, potential)
     ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
     data = fed.client_data()
     key = jax.random.PRNGKey(seed)
@@ -138,8 +139,12 @@ def run_sequential(algorithm, model, fed, sweeps: int = 1, seed: int = 0, eval_d
         if eval_data is not None:
             entry.update(evaluate(algorithm.posterior(ctx, server, clients), *eval_data))
         history.append(entry)
+    from ..engine.local import refresh_local
+
+    clients, refresh = refresh_local(algorithm, ctx, server, clients, data, jax.random.fold_in(k_rounds, int(sweeps)))
+    info = {} if refresh is None else {"local_refresh": refresh}
     return Result(algorithm.posterior(ctx, server, clients), history, server, clients, algorithm, ctx,
-                  compile_time, init_time)
+                  compile_time, init_time, info=info)
 
 
 __all__ = ["PVI", "run_sequential"]

@@ -203,6 +203,10 @@ def prepare(algorithm, model, fed, seed: int = 0, model_kwargs=None):
     from ..potential import get_potential
 
     potential = get_potential(model, fed, model_kwargs)
+    if potential.local_sites:
+        raise ValueError(f"the model marks {list(potential.local_sites)} as client-local "
+                         "(infer={'local': True}); engine=fp.engine.Flower() does not take client-local "
+                         "sites yet: use fp.engine.Local()")
     ctx = Context(potential, fed.num_clients, np.asarray(fed.sizes), fed.num_rows)
     data = fed.client_data()
     k_init = jax.random.split(jax.random.PRNGKey(seed))[0]

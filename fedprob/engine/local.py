@@ -77,6 +77,25 @@ class RoundInfo(NamedTuple):
     screen: Optional[faults_mod.Screen] = None   # per-client dropout / straggler / steps / finite / norm
 
 
+def refresh_local(algorithm, ctx: Context, server, clients, data, key):
+    """``(clients, info)``: every client's local posterior re-taken against the final server state
+    (``algorithm.refresh_local``, one more client pass vmapped over all K clients; sites unchanged),
+    for a model with client-local sites; ``(clients, None)`` when there is nothing to refresh."""
+    if not ctx.potential.local_sites or not hasattr(algorithm, "refresh_local"):
+        return clients, None
+    t0 = time.perf_counter()
+
+    @jax.jit
+    def one_pass(server, clients, data, key):
+        keys = jax.random.split(key, ctx.num_clients)
+        return vmap_clients(lambda c, d, k: algorithm.refresh_local(ctx, server, c, d, k))(clients, data, keys)
+
+    clients, ok = jax.block_until_ready(one_pass(server, clients, data, key))
+    ok = np.asarray(ok)
+    return clients, {"time_s": time.perf_counter() - t0, "clients": int(ctx.num_clients),
+                     "not_finite": np.flatnonzero(~ok).tolist()}
+
+
 def _where_tree(flag, new, old):
     def pick(a, b):
         f = jnp.reshape(flag, jnp.shape(flag) + (1,) * (jnp.ndim(a) - jnp.ndim(flag)))

@@ -200,6 +200,10 @@ class FedprobStrategy(Strategy):
         xs, ys = tuple(first["x_shape"]), tuple(first["y_shape"])
         xdt, ydt = np.dtype(first["x_dtype"]), np.dtype(first["y_dtype"])
         potential = Potential(self.model, np.zeros((2,) + xs, xdt), np.zeros((2,) + ys, ydt), self.model_kwargs)
+        if potential.local_sites:
+            raise ValueError(f"the model marks {list(potential.local_sites)} as client-local "
+                             "(infer={'local': True}); the Flower deployment does not take client-local "
+                             "sites yet")
         self.ctx = ctx = Context(potential, K, sizes, int(sizes.sum()))
         self.sizes, self.n_max = sizes, n_max
         M = K if self.M is None else int(self.M)
