@@ -131,6 +131,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     # build: the potential, the checked data, the initial (or restored) states, the compiled round
     K = fed.num_clients
     potential = get_potential(model, fed, model_kwargs)
+    algorithm = algorithm.for_model(potential)
     check_local_sites(algorithm, potential)
     if potential.task == "classification":
         check_model_labels(fed.pooled()[1], potential.num_classes, "federation")

@@ -97,6 +97,12 @@ class Algorithm(CheckedKeywords):
         estimates, samplers) or reports k-hat from its client updates (one-round methods)."""
         return None
 
+    def for_model(self, potential) -> "Algorithm":
+        """The configuration a run uses on this model: ``self`` (default), or a copy whose defaulted
+        options follow the model (PVI's family on a model with client-local sites). Called by
+        every entry point once the potential is built; a choice the user made is never changed."""
+        return self
+
     def local_sites_refusal(self, potential) -> Optional[str]:
         """Why this configuration cannot take the model's client-local sites (``infer={"local":
         True}``), or None when it can: it then sends only the global block and keeps each client's

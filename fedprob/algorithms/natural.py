@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, NamedTuple, Optional, Union
 
 import jax
@@ -87,6 +88,7 @@ import numpy as np
 
 from .. import gaussian as gauss
 from ..inference.laplace import Laplace
+from ..inference import laplace_marginal as lm
 from .. import local_sites as loc
 from ..inference.optim import minimize
 from ..posteriors import Gaussian, GlobalPosterior
@@ -139,6 +141,9 @@ def _as_family(g: Gaussian, family: str) -> Gaussian:
 
 #: the most rounds a run of the natural loop takes by default (:meth:`NaturalLoop.rounds_for`)
 MAX_DEFAULT_ROUNDS = 100
+#: the smallest damping ``"auto"`` takes: the step that brings a site to 99% of its client's
+#: curvature within :data:`MAX_DEFAULT_ROUNDS` rounds, ``1 - 0.01^(1/100)`` = 0.045
+AUTO_DAMPING_FLOOR = 1.0 - 0.01 ** (1.0 / MAX_DEFAULT_ROUNDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +159,11 @@ class NaturalLoop(Algorithm):
     rho: weight of ``KL(q || q_g)`` in the client problem; a number, or
         ``"clients"`` for ``1 / K``.
     damping: the site (dual) step gamma_k; a number, ``"size"`` for ``N_k / N``
-        per client, ``"clients"`` for ``1 / K``, or ``"rho"`` for rho's value
-        (alias: ``gamma``, the BayesADMM paper's name).
+        per client, ``"clients"`` for ``1 / K``, ``"auto"`` for ``max(1 / K,``
+        :data:`AUTO_DAMPING_FLOOR` ``)`` (1/K up to 22 clients; above, the step
+        that converges within :data:`MAX_DEFAULT_ROUNDS` rounds: at 1/K, 105
+        clients need about 480 rounds), or ``"rho"`` for rho's value (alias:
+        ``gamma``, the BayesADMM paper's name).
     alpha: server mix; a number in (0, 1], or ``"admm"`` for ``1 / (1 + rho K)``.
     delta: prior precision override (``p0 = N(0, I/delta)``); None: the model prior.
     tau: temperature of the client losses (``l_k / tau``).
@@ -196,7 +204,7 @@ class NaturalLoop(Algorithm):
                                  "client=None or a Laplace backend (its optimizer settings are used)")
         if self.rho != "clients":
             _check_positive("rho", self.rho)
-        if self.damping not in ("size", "clients", "rho"):
+        if self.damping not in ("size", "clients", "auto", "rho"):
             _check_positive("damping", self.damping)
         if self.alpha != "admm":
             if isinstance(self.alpha, str) or not 0.0 < float(self.alpha) <= 1.0:
@@ -256,6 +264,8 @@ class NaturalLoop(Algorithm):
             return n / float(num_rows)
         if self.damping == "clients":
             return 1.0 / num_clients
+        if self.damping == "auto":
+            return max(1.0 / num_clients, AUTO_DAMPING_FLOOR)
         if self.damping == "rho":
             return self._rho(num_clients)
         return float(self.damping)
@@ -283,7 +293,14 @@ class NaturalLoop(Algorithm):
         g = float(np.min(self._gamma(K, sizes.sum(), sizes)))
         if g >= 1.0:
             return int(self.default_rounds)
-        need = math.ceil((K / M) * math.log(0.01) / math.log1p(-g)) if g > 0 else MAX_DEFAULT_ROUNDS
+        need = math.ceil((K / M) * math.log(0.01) / math.log1p(-g) - 1e-9) if g > 0 else MAX_DEFAULT_ROUNDS
+        if need > MAX_DEFAULT_ROUNDS:
+            reached = 1.0 - (1.0 - g) ** (MAX_DEFAULT_ROUNDS * M / K)
+            warnings.warn(
+                f"{type(self).__name__}: the default {MAX_DEFAULT_ROUNDS} rounds bring each site to "
+                f"{100 * reached:.0f}% of its client's curvature at damping {g:.3g} ({need} rounds reach 99%): "
+                f"the posterior will be too wide. Pass rounds={need}, or a larger damping where the "
+                "clients' solves are stable", RuntimeWarning, stacklevel=4)
         return int(min(max(need, self.default_rounds), MAX_DEFAULT_ROUNDS))
 
     # -- protocol ---------------------------------------------------------------------------
@@ -322,7 +339,14 @@ class NaturalLoop(Algorithm):
         if local is not None:
             extra = {} if max_steps is None else {"max_steps": max_steps}
             start = jnp.concatenate([server.start, local.mean.astype(server.start.dtype)])
-            res = self.joint_backend(ctx.potential).run(key, ctx.potential, target, start, **extra)
+            backend = self.joint_backend(ctx.potential)
+            if isinstance(backend, Laplace) and backend.local == "marginal" and lm.applies(ctx.potential):
+                marginal, mode, cond, diag = lm.laplace_marginal(ctx.potential, target, start,
+                                                                 min_precision=backend.min_precision)
+                dg = ctx.potential.dim_global
+                return _as_family(marginal, self.family), mode[:dg], \
+                    {"grad_norm": diag["grad_norm"], "loss": diag["loss"]}, cond
+            res = backend.run(key, ctx.potential, target, start, **extra)
             dg = ctx.potential.dim_global
             mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
             marginal, cond = loc.split_joint(res.posterior, mean, dg)
