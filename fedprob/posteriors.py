@@ -205,6 +205,7 @@ def average_predictions(potential, draws: Array, X, chunk: int = 64):
 
 
 _average_predictions_jit = jax.jit(average_predictions, static_argnums=(0, 3))
+_constrain_all_jit = jax.jit(lambda potential, z: jax.vmap(potential.constrain_all)(z), static_argnums=0)
 
 
 def mixture_log_density(potential, draws: Array, X, y, chunk: int = 64) -> Array:
@@ -310,12 +311,10 @@ class GlobalPosterior:
 
     def summary(self, prob: float = 0.94, chains: Optional[int] = None, num_draws: int = 4000, seed: int = 0):
         """A table like ``az.summary``: mean, sd, the equal-tailed ``prob`` interval, bulk/tail ESS and
-        R-hat where there are chains of draws, per site and coordinate (:mod:`fedprob.summary`)."""
+        R-hat where there are chains of draws, per site and coordinate (:mod:`fedprob.summary`; with
+        client-local sites, one row per client and coordinate after the global sites)."""
         from .summary import summary
 
-        if self.has_local_sites:
-            raise NotImplementedError("summary() does not cover client-local sites yet: read mean / sd for the "
-                                      "global sites and local_mean / local_sd for the local ones")
         return summary(self, chains=chains, num_draws=num_draws, seed=seed, prob=prob)
 
     @property
@@ -435,6 +434,32 @@ class GlobalPosterior:
         z = jnp.concatenate([jnp.broadcast_to(zg[:, None], zl.shape[:2] + zg.shape[-1:]), zl], -1)
         vals = jax.vmap(self.potential.constrain)(z.reshape(-1, z.shape[-1]))
         return {n: vals[n].reshape((zl.shape[0], K) + vals[n].shape[1:]) for n in self.potential.local_sites}
+
+    def joint_site_draws(self, zg, key):
+        """``(values, client_sites)``: constrained draws of every site for global draws ``zg`` (..., d_g) of
+        a model with client-local sites, as host arrays: a global site (..., *shape); a local site
+        (..., K, *shape), each client's drawn from its local posterior given each global draw; a
+        deterministic site outside the data plate with the client axis where it depends on the local
+        sites, without it where it does not. ``client_sites`` names the sites with the client axis."""
+        self._check_local()
+        zg = np.asarray(zg)
+        lead, dg = zg.shape[:-1], zg.shape[-1]
+        flat = jnp.asarray(zg.reshape(-1, dg))
+        zl = self._local_draws(key, flat)                                   # (K, N, d_l)
+        K, N = zl.shape[:2]
+        z = jnp.concatenate([jnp.broadcast_to(flat[None], (K, N, dg)), zl.astype(flat.dtype)], -1)
+        vals = _constrain_all_jit(self.potential, z.reshape(K * N, -1))
+        out, client_sites = {}, []
+        for name, v in vals.items():
+            v = np.asarray(v).reshape((K, N) + v.shape[1:])
+            per_client = name in self.potential.local_sites or (
+                name not in self.potential.global_sites and not np.allclose(v, v[:1], equal_nan=True))
+            if per_client:
+                out[name] = np.moveaxis(v, 0, 1).reshape(lead + (K,) + v.shape[2:])
+                client_sites.append(name)
+            else:
+                out[name] = v[0].reshape(lead + v.shape[2:])
+        return out, tuple(client_sites)
 
     def _predictive_draws(self, prediction: Optional[str] = None, client=None) -> Array:
         prediction = self.prediction if prediction is None else prediction
