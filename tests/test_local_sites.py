@@ -194,15 +194,6 @@ def test_predict_client_needs_local_sites():
         res.posterior.local_mean
 
 
-def test_summary_and_arviz_say_they_do_not_hold_local_sites_yet():
-    fed, _ = federation()
-    res = fp.run(PVI(damping=1.0), normal_normal, fed, rounds=1, progress=False)
-    with pytest.raises(NotImplementedError, match="local_mean"):
-        res.to_arviz()
-    with pytest.raises(NotImplementedError, match="local_mean"):
-        res.posterior.summary()
-
-
 @pytest.mark.parametrize("algo", [fp.algorithms.EPMCMC(client=fp.inference.NUTS()),
                                   fp.algorithms.ConsensusMC(client=fp.inference.NUTS())],
                          ids=lambda a: type(a).__name__)
