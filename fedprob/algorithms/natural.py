@@ -68,9 +68,14 @@ complement ``P_gg - P_gl P_ll^-1 P_lg``) in the loop's family. The client
 keeps its local conditional ``l_k | g`` (mean, slope, covariance) in its
 state; the posterior's local posteriors are those conditionals averaged
 over the final ``q_g`` (exact on linear-Gaussian models). The isotropic
-family (mode only), mean-field clients (IVON, a diagonal SVI guide: their
-global marginal ignores the coupling) and ``rho != 1``, ``alpha < 1`` or
-``tau != 1`` refuse local sites. After the last round ``fp.run`` makes one
+family (mode only) and mean-field clients (IVON, a diagonal SVI guide: their
+global marginal ignores the coupling) refuse local sites. With ``rho != 1`` or
+``tau != 1`` the solve weighs ``log p(l_k | g) + log p(D_k | g, l_k)`` by
+``1 / (rho tau)``: the Laplace marginal of the global block is then that of
+the tempered joint, the Schur complement scaled by ``1 / (rho tau)`` as the
+loop expects, and the conditional's covariance is divided by ``rho`` (the
+local sites tempered by ``1 / tau`` alone, as the model's posterior at that
+temperature). ``alpha < 1`` (BayesADMM) changes only the server's mix. After the last round ``fp.run`` makes one
 more client pass (:meth:`NaturalLoop.refresh_local`): each client solves its
 tilted distribution against the final ``q_g`` and keeps the conditional at
 that joint mode.
@@ -242,9 +247,6 @@ class NaturalLoop(Algorithm):
                     "the local sites, and its global marginal comes out far too narrow (sd 0.32 of the "
                     "exact one on a normal-normal hierarchy); use Laplace clients (the default) or a "
                     "full-covariance guide (SVI(guide='full'))")
-        if self.rho != 1.0 or self.alpha != 1.0 or self.tau != 1.0:
-            return (f"{type(self).__name__} with rho={self.rho!r}, alpha={self.alpha!r}, tau={self.tau!r} "
-                    "does not take client-local sites yet (rho = alpha = tau = 1 does: PVI)")
         return None
 
     def _rho(self, num_clients: int) -> float:
@@ -350,6 +352,9 @@ class NaturalLoop(Algorithm):
             dg = ctx.potential.dim_global
             mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
             marginal, cond = loc.split_joint(res.posterior, mean, dg)
+            # the solve tempers the local sites with the likelihood by 1/(rho tau); their conditional is
+            # the model's tempered by 1/tau alone (the KL weight rho belongs to the global block)
+            cond = cond._replace(cov=cond.cov / self.rho_value(ctx))
             diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
             return _as_family(marginal, self.family), mean[:dg], diag, cond
         if self.family == "isotropic":
