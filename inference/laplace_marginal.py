@@ -7,10 +7,12 @@ prior, the whole ``p(l | g)``, its likelihood and any Gaussian cavity term) is
 turned into a target of ``g`` alone by integrating ``l`` with a Laplace step
 at each ``g``:
 
-    f(g) = log pi(g, l*(g)) - 1/2 log det A(g) + d_l/2 log(2 pi),
+    f(g) = log pi(g, l*(g)) - t/2 log det A(g) + d_l/2 log(2 pi),
     l*(g) = argmax_l log pi(g, l),   A(g) = -d^2/dl^2 log pi(g, l*(g)).
 
-The client's Gaussian of ``g`` is the Laplace approximation of ``f``: mean
+with ``t`` the target's likelihood weight (1 untempered: a tempered client
+``t (log p(l | g) + log p(D | g, l))`` gets ``t`` times the untempered
+log-integral, up to a constant). The client's Gaussian of ``g`` is the Laplace approximation of ``f``: mean
 ``g* = argmax f``, precision ``-hess f(g*)``; its local sites given ``g`` are
 ``l | g ~ N(l*(g*) + B (g - g*), A(g*)^-1)`` with ``B = dl*/dg = A^-1
 d^2 log pi / dl dg`` (a :class:`~fedprob.posteriors.LocalConditional`).
@@ -87,6 +89,8 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
     def logp(g, l):
         return potential.log_density(jnp.concatenate([g, l]), target)
 
+    weight = jnp.asarray(target.likelihood_weight, dtype)
+
     def newton_l(g, l):
         """One damped Newton step in ``l`` (the best of a few step lengths that raises log pi)."""
         grad = jax.grad(logp, 1)(g, l)
@@ -109,7 +113,9 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
         A = _sym(-jax.hessian(logp, 1)(g, ls))
         l = ls + jnp.linalg.solve(A, grad)
         _, logdet = jnp.linalg.slogdet(_sym(-jax.hessian(logp, 1)(g, l)))
-        return logp(g, l) - 0.5 * logdet + 0.5 * dl * math.log(2 * math.pi)
+        # a tempered target t (log p(l | g) + log p(D | g, l)) has A = t A_1: the marginal of the
+        # tempered model is t times the untempered log-integral, whose log-determinant term is t/2 log det A_1
+        return logp(g, l) - 0.5 * weight * logdet + 0.5 * dl * math.log(2 * math.pi)
 
     grad_f = jax.grad(marginal)
 

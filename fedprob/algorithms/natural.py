@@ -191,6 +191,8 @@ class NaturalLoop(Algorithm):
     gamma: Any = alias_field()
 
     default_rounds = 10
+    #: the local refresh after the last round is a round's client solve (sites and server discarded)
+    refresh_is_a_round = True
 
     def __post_init__(self):
         self._validate()
@@ -342,20 +344,19 @@ class NaturalLoop(Algorithm):
             extra = {} if max_steps is None else {"max_steps": max_steps}
             start = jnp.concatenate([server.start, local.mean.astype(server.start.dtype)])
             backend = self.joint_backend(ctx.potential)
+            dg = ctx.potential.dim_global
             if isinstance(backend, Laplace) and backend.local == "marginal" and lm.applies(ctx.potential):
                 marginal, mode, cond, diag = lm.laplace_marginal(ctx.potential, target, start,
                                                                  min_precision=backend.min_precision)
-                dg = ctx.potential.dim_global
-                return _as_family(marginal, self.family), mode[:dg], \
-                    {"grad_norm": diag["grad_norm"], "loss": diag["loss"]}, cond
-            res = backend.run(key, ctx.potential, target, start, **extra)
-            dg = ctx.potential.dim_global
-            mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
-            marginal, cond = loc.split_joint(res.posterior, mean, dg)
+                mean, diag = mode, {"grad_norm": diag["grad_norm"], "loss": diag["loss"]}
+            else:
+                res = backend.run(key, ctx.potential, target, start, **extra)
+                mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
+                marginal, cond = loc.split_joint(res.posterior, mean, dg)
+                diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
             # the solve tempers the local sites with the likelihood by 1/(rho tau); their conditional is
             # the model's tempered by 1/tau alone (the KL weight rho belongs to the global block)
             cond = cond._replace(cov=cond.cov / self.rho_value(ctx))
-            diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
             return _as_family(marginal, self.family), mean[:dg], diag, cond
         if self.family == "isotropic":
             res = minimize(ctx.potential, target, server.start, key=key, num_steps=backend.num_steps,
@@ -477,6 +478,7 @@ class Configured(Algorithm):
     :meth:`loop` returns the :class:`NaturalLoop` it is; every protocol method is the loop's."""
 
     default_rounds = 10
+    refresh_is_a_round = True
 
     def loop(self) -> NaturalLoop:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -83,13 +83,14 @@ def refresh_local(algorithm, ctx: Context, server, clients, data, key, step=None
     for a model with client-local sites; ``(clients, None)`` when there is nothing to refresh.
 
     ``step``: the run's compiled round ``(server, clients, key) -> (server, clients, info)``, given
-    when every client takes part in a round. The client pass is then that round's (the same client
+    when every client takes part in a round, for an algorithm whose ``refresh_is_a_round`` is True
+    (the natural loop: its refresh is its round's client solve). The client pass is then that round's (the same client
     solve against the final ``q_g``, compiled once for the run) with its server state and sites
     discarded: only the clients' local conditionals are kept, so no second program is compiled."""
     if not ctx.potential.local_sites or not hasattr(algorithm, "refresh_local"):
         return clients, None
     t0 = time.perf_counter()
-    if step is not None and hasattr(clients, "local") and hasattr(clients, "_replace"):
+    if step is not None and getattr(algorithm, "refresh_is_a_round", False):
         _, stepped, _ = step(server, clients, key)
         new = stepped.local
         ok = jax.vmap(finite_flag)(new)
