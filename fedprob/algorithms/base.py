@@ -128,9 +128,9 @@ def check_local_sites(algorithm, potential) -> None:
         listed = ", ".join(f"'{n}'" for n in names)
         raise ValueError(
             f"the model marks {listed} as client-local (infer={{'local': True}}), and {reason}; use "
-            "fp.algorithms.PVI (Gaussian clients), or EPMCMC (parametric) or ConsensusMC with sampling "
-            "clients, for a model with local sites, or drop infer={'local': True} to share the site "
-            "across clients")
+            "fp.algorithms.PVI (Gaussian clients), EP (sampling or Gaussian clients), or EPMCMC "
+            "(parametric) or ConsensusMC with sampling clients, for a model with local sites, or drop "
+            "infer={'local': True} to share the site across clients")
 
 
 def masked_weights(weights, mask):
