@@ -146,3 +146,22 @@ def test_first_result_quick():
     for r in rows:
         assert positive_finite(float(r["cold_s"])) and positive_finite(float(r["warm_s"]))
     assert rows[1]["cold / NUTS pooled"] <= 2.0 and rows[1]["warm_s"] < 1.0
+
+
+def test_ep_benchmark_quick():
+    """benchmarks/ep.py --quick: 8 normal-normal clients, 6 EP rounds; an EP round costs at most twice an
+    EPMCMC round with the same NUTS settings (measured 0.75), EP's Stein moments are exact there from
+    the first round, and the sample moments are within Monte Carlo error."""
+    out = load_script("ep").main(["--quick"])
+    rows = {r["method"]: r for r in out["rows"]}
+    assert set(rows) == {"EP", "EP(moments='sample')"}
+    for r in rows.values():
+        for k in ("nuts_pooled_s", "epmcmc_round_s", "round_s", "round_over_epmcmc_round"):
+            assert positive_finite(r[k]), (k, r)
+        assert r["round_over_epmcmc_round"] <= 2.0, r
+        assert r["default_rounds"] == 35 and r["rounds"] == 6
+    ep = rows["EP"]
+    assert ep["rounds_to_converge"] == 1
+    assert abs(ep["global_mean_err_sd"]) < 1e-3 and abs(ep["global_sd_ratio"] - 1) < 1e-3
+    sample = rows["EP(moments='sample')"]
+    assert abs(sample["global_mean_err_sd"]) < 0.3 and abs(sample["global_sd_ratio"] - 1) < 0.15

@@ -11,6 +11,7 @@ from .one_round import ClientRuns, aggregate, run_clients
 from .fedpa import FedPA
 from .natural import NaturalLoop
 from .pvi import PVI, run_sequential
+from .ep import EP
 from .fedlap import FedLap, FedLapCov
 from .bayes_admm import BayesADMM
 from .admm import ADMM

@@ -134,10 +134,10 @@ def check_local_sites(algorithm, potential) -> None:
         listed = ", ".join(f"'{n}'" for n in names)
         raise ValueError(
             f"the model marks {listed} as client-local (infer={{'local': True}}), and {reason}; for a model "
-            "with local sites use fp.algorithms.PVI, FedLapCov or BayesADMM (Gaussian clients), EPMCMC "
-            "(parametric), ConsensusMC or FedPA (sampling clients), FedAvg or FedProx (point estimates, "
-            "local sites kept on each client), Ensemble or PredictiveBayes, or drop infer={'local': True} to "
-            "share the site across clients")
+            "with local sites use fp.algorithms.PVI, FedLapCov or BayesADMM (Gaussian clients), EP (sampling "
+            "or Gaussian clients), EPMCMC (parametric), ConsensusMC or FedPA (sampling clients), FedAvg or "
+            "FedProx (point estimates, local sites kept on each client), Ensemble or PredictiveBayes, or drop "
+            "infer={'local': True} to share the site across clients")
 
 
 def masked_weights(weights, mask):
