@@ -113,17 +113,17 @@ def _nll_from_draws(potential, draws, X, y):
 
 
 def run(weeks: int = 105, slopes: bool = False, chains: int = 2, seed: int = 0, root=None,
-        noise: bool = False) -> dict:
+        noise: bool = False, algorithm: str = "PVI") -> dict:
     """The comparison on the first ``weeks`` weeks (module docstring), in float64 (restored after)."""
     before = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
-        return _run(weeks, slopes, chains, seed, root, noise)
+        return _run(weeks, slopes, chains, seed, root, noise, algorithm)
     finally:
         jax.config.update("jax_enable_x64", before)
 
 
-def _run(weeks, slopes, chains, seed, root, noise) -> dict:
+def _run(weeks, slopes, chains, seed, root, noise, algorithm) -> dict:
     ds = fp.data.load_bike_weeks(root if root is not None else data_root())
     train, test = grouped(ds, weeks)
     K = weeks
@@ -141,12 +141,12 @@ def _run(weeks, slopes, chains, seed, root, noise) -> dict:
     fed = fp.data.FederatedData.from_clients(train, dtype=np.float64)
     model = fp.models.hierarchical_linear(varying_slopes=slopes, varying_noise=noise)
     t = time.perf_counter()
-    result = fp.run(fp.algorithms.PVI(), model, fed, seed=seed, progress=False)
+    result = fp.run(getattr(fp.algorithms, algorithm)(), model, fed, seed=seed, progress=False)
     run_s = time.perf_counter() - t
     post = result.posterior
     draws = {k: np.asarray(v) for k, v in post.sample(jax.random.PRNGKey(seed + 2), 4000).items()}
     global_sites = ["mu_a", "sigma_a", "w", "sigma"] + (["sigma_b"] if slopes else []) + (["tau_s"] if noise else [])
-    out = {"weeks": K, "slopes": slopes, "noise": noise, "train_rows": int(len(y_all)), "nuts_s": nuts_s, "run_s": run_s,
+    out = {"weeks": K, "slopes": slopes, "noise": noise, "algorithm": algorithm, "train_rows": int(len(y_all)), "nuts_s": nuts_s, "run_s": run_s,
            "rounds": len(result.history), "local_refresh_s": result.info.get("local_refresh", {}).get("time_s"),
            "global": {}, "local": {}}
     for s in global_sites:

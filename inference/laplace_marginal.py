@@ -34,8 +34,11 @@ map it gives ``l*`` with its exact first derivative in ``g``, so ``grad f``
 is exact at convergence. ``hess f`` is the central difference of ``grad f``
 (``2 d_g`` gradients, vmapped; relative step ``fd_step``), so no fourth
 derivative is compiled. ``g*`` by saddle-free Newton steps on ``f``
-(eigenvalues of ``-hess f`` taken in absolute value, ``outer_steps``) with a
-backtracking line search. Meant for the small global and local blocks of
+(eigenvalues of ``-hess f`` taken in absolute value, at most ``outer_steps``)
+with a backtracking line search; the local search stops once a step moves
+``l`` by less than 100 machine epsilons, the global one (in float64) once the
+Newton decrement is below 1000 epsilons, so a warm start near the answer costs
+a few steps. Meant for the small global and local blocks of
 hierarchical models (:data:`MAX_LOCAL_DIM`, :data:`MAX_GLOBAL_DIM`); larger
 ones use the joint Laplace.
 """
@@ -90,6 +93,12 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
         return potential.log_density(jnp.concatenate([g, l]), target)
 
     weight = jnp.asarray(target.likelihood_weight, dtype)
+    tol = 100.0 * float(jnp.finfo(dtype).eps)
+    # the global search stops on a tiny Newton decrement in float64 only: a float32 log density cannot
+    # resolve a mode to the precision a site needs (a site is 1/K of its client's tilted curvature, so
+    # an error in the tilted mode comes back K-fold in the site's mean), so float32 takes every step
+    # that does not lose
+    tol_dec = 1e3 * float(jnp.finfo(dtype).eps) if dtype == jnp.float64 else 0.0
 
     def newton_l(g, l):
         """One damped Newton step in ``l`` (the best of a few step lengths that raises log pi)."""
@@ -102,7 +111,14 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
         return jnp.where(vals[best] >= logp(g, l), l + steps[best] * step, l)
 
     def solve_l(g, l0, n):
-        l, _ = jax.lax.scan(lambda l, _: (newton_l(g, l), None), l0, None, length=n)
+        """At most ``n`` damped Newton steps from ``l0``, stopping once a step no longer moves ``l``."""
+        def body(c):
+            i, l, _ = c
+            new = newton_l(g, l)
+            moved = jnp.max(jnp.abs(new - l)) > tol * (1.0 + jnp.max(jnp.abs(l)))
+            return i + 1, new, moved
+
+        _, l, _ = jax.lax.while_loop(lambda c: (c[0] < n) & c[2], body, (jnp.asarray(0), l0, jnp.asarray(True)))
         return l
 
     def marginal(g, ls):
@@ -132,11 +148,12 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
         H = (grads[:dg] - grads[dg:]) / (2 * scale[:, None])
         return _sym(H)
 
-    def outer(carry, last):
-        """f, its gradient and -hess f at the current g, then (unless ``last``) a saddle-free
-        Newton step with a line search; evaluating before stepping lets the final point's values come
-        from the same compiled body."""
-        g, ls = carry
+    def outer(carry):
+        """f, its gradient and -hess f at the current g, then a saddle-free Newton step with a line
+        search, taken unless it loses or the Newton decrement is below ``tol_dec`` (the search then
+        stops at g, whose values the carry holds: the final point's values come from the same
+        compiled body)."""
+        i, g, ls, _, _, _, gain, _ = carry
         val = marginal(g, ls)
         grad = grad_f(g, ls)
         P = -hess_f(g, ls)
@@ -146,15 +163,18 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
         cand, lc = jax.vmap(lambda t: value_at(g + t * step, ls))(steps)
         cand = jnp.where(jnp.isfinite(cand), cand, -jnp.inf)
         best = jnp.argmax(cand)
-        ok = (cand[best] >= val) & ~last
-        new = (jnp.where(ok, g + steps[best] * step, g), jnp.where(ok, lc[best], ls))
-        return new, (val, grad, P, jnp.where(ok, cand[best] - val, 0.0))
+        # stop on a Newton decrement grad' step below tol_dec (float64), or when no step gains
+        move = (cand[best] >= val) & (jnp.dot(grad, step) > tol_dec) & (i < outer_steps)
+        g = jnp.where(move, g + steps[best] * step, g)
+        ls = jnp.where(move, lc[best], ls)
+        return i + 1, g, ls, val, grad, P, jnp.where(move, cand[best] - val, gain), ~move
 
     g0 = start[:dg]
     ls0 = solve_l(g0, start[dg:], inner_steps)
-    last = jnp.arange(outer_steps + 1) == outer_steps
-    (g, ls), (vals, grads, Ps, gains) = jax.lax.scan(outer, (g0, ls0), last)
-    val, grad, P = vals[-1], grads[-1], Ps[-1]
+    zero = jnp.zeros((), dtype)
+    init = (jnp.asarray(0), g0, ls0, zero, jnp.zeros((dg,), dtype), jnp.zeros((dg, dg), dtype), zero,
+            jnp.asarray(False))
+    iters, g, ls, val, grad, P, gain, _ = jax.lax.while_loop(lambda c: ~c[-1], outer, init)
     w, V = jnp.linalg.eigh(P)
     nclip = jnp.sum((~(w >= min_precision)).astype(jnp.int32))
     P = _sym((V * jnp.where(w >= min_precision, w, min_precision)) @ V.T)
@@ -168,7 +188,7 @@ def laplace_marginal(potential, target, start: Array, *, outer_steps: int = 15, 
     g_gauss = Gaussian(nan(P @ g), nan(P))
     cond = LocalConditional(nan(g), nan(ls), nan(slope), nan(cov))
     diagnostics = {"grad_norm": jnp.linalg.norm(grad), "loss": -val, "num_clipped": nclip,
-                   "last_gain": gains[-2]}
+                   "last_gain": gain, "outer_steps": iters}
     return g_gauss, nan(jnp.concatenate([g, ls])), cond, diagnostics
 
 
