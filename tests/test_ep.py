@@ -15,7 +15,7 @@ import fedprob as fp
 from conftest import linreg_exact_posterior, linreg_federation, linreg_model
 from fedprob.algorithms import EP, PVI
 from fedprob.algorithms.base import Context
-from fedprob.algorithms.ep import EPClient, TiltedLoop, clip_site, stein_site, unbiased_precision
+from fedprob.algorithms.ep import TiltedLoop, clip_site, stein_site, unbiased_precision
 from fedprob.algorithms.natural import NaturalServer
 from fedprob.inference import NUTS, Laplace
 from fedprob.posteriors import Gaussian
@@ -165,7 +165,8 @@ def test_stein_sites_are_exact_for_gaussian_h_and_match_quadrature_otherwise():
     grads = jax.vmap(lambda z: jax.grad(pot.log_density)(z, h))(draws)
     site, _ = stein_site(draws, grads, 1, False)
     g, lg = np.meshgrid(np.linspace(-4, 4, 801), np.linspace(-7, 5, 1201), indexing="ij")
-    logp = -0.5 * Pc * (g - mc) ** 2 + norm.logpdf(lg, g, 0.5) + poisson.logpmf(y[None, None, :], np.exp(lg)[..., None]).sum(-1)
+    logp = (-0.5 * Pc * (g - mc) ** 2 + norm.logpdf(lg, g, 0.5)
+            + poisson.logpmf(y[None, None, :], np.exp(lg)[..., None]).sum(-1))
     w = np.exp(logp - logp.max())
     w /= w.sum()
     m = (w * g).sum()

@@ -134,7 +134,7 @@ from .. import local_sites as loc
 from ..inference import NUTS
 from ..posteriors import Gaussian
 from ..potential import make_target
-from ..protocols import DRAW_STATS, ClientBackend, finite_flag, run_chains
+from ..protocols import ClientBackend, finite_flag, run_chains
 from .aliases import resolve_family, take_alias
 from .base import Context
 from .messages import draws_ess
@@ -190,7 +190,7 @@ def stein_site(x: Array, grads: Array, dim_global: int, diag: bool, jitter: floa
     mx, mgrad = jnp.mean(x, 0), jnp.mean(grads, 0)
     cx, cgrad = x - mx, grads - mgrad
     if diag:
-        g, cg, cgg = x[:, :dg], cx[:, :dg], cgrad[:, :dg]
+        cg, cgg = cx[:, :dg], cgrad[:, :dg]
         var = jnp.sum(cg * cg, 0) / (S - 1)
         T = -(jnp.sum(cgg * cg, 0) / (S - 1)) / (var * (1.0 + jitter))
         cond = None if d == dg else loc.conditional_from_draws(x, dg)
@@ -464,13 +464,17 @@ class EP(Configured):
 
     client: the backend; a sampler (NUTS, HMC, SGLD, SGHMC, ...; None: ``NUTS()``) gives EP with
     tilted moments, a Gaussian backend (Laplace, SVI, IVON, VON) gives :class:`PVI` with the same
-    damping and family. damping: the site step in (0, 1], ``"clients"`` (1/K, the default: the
-    global stays positive definite without halving, and the Monte Carlo noise of the moments is
-    averaged over rounds) or ``"size"`` (N_k / N). family: ``"full"`` or ``"diag"`` (None: ``"full"``
-    for samplers, the backend's own for Gaussian clients). delta: prior precision override
-    (``N(0, I/delta)``; None: the model's prior). positive_sites: clip negative site precisions at 0
-    (sampling clients). jitter: added to the tilted sample covariances, relative to their mean
-    variance (sampling clients). prediction / num_predictive_draws: as for PVI.
+    damping and family. damping: the site step (its floor when averaging) in (0, 1], ``"clients"``
+    (1/K, the default: after the first steps the global stays positive definite without halving,
+    and the Monte Carlo noise of the moments is averaged over rounds) or ``"size"`` (N_k / N).
+    family: ``"full"`` or ``"diag"`` (None: ``"full"`` for samplers, the backend's own for Gaussian
+    clients). delta: prior precision override (``N(0, I/delta)``; None: the model's prior).
+    Sampling clients only: average: a client's n-th update steps by ``max(damping, 1/n)`` (True,
+    the default) or by ``damping`` (False, as PVI); moments: ``"stein"`` (the default: regression
+    of the log-likelihood gradients on the draws) or ``"sample"`` (sample covariances);
+    positive_sites: clip negative site precisions at 0; jitter: added to the draws' covariances,
+    relative to each coordinate's (``"stein"``) or their mean (``"sample"``) variance.
+    prediction / num_predictive_draws: as for PVI.
     """
 
     client: Any = None
@@ -519,4 +523,5 @@ class EP(Configured):
                           jitter=float(self.jitter))
 
 
-__all__ = ["EP", "EPClient", "TiltedLoop", "unbiased_precision", "variance_ess", "stein_site", "MOMENTS", "clip_site", "step_scale"]
+__all__ = ["EP", "EPClient", "TiltedLoop", "MOMENTS", "stein_site", "unbiased_precision", "variance_ess", "clip_site",
+           "step_scale"]
