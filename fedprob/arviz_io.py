@@ -39,6 +39,19 @@ Groups of ``to_arviz`` (each says what it is in its ``description`` attribute):
   evaluation set, so ``az.loo``/``az.compare`` work across algorithms; for
   predictive-space methods ``posterior_predictive`` draws from the pooled
   predictive and ``log_likelihood`` is absent (no per-draw likelihood).
+
+Client-local sites (``infer={"local": True}``). In ``posterior`` a local site
+has dims ``(chain, draw, client, *site dims)``: with each global draw, every
+client's local sites drawn from that client's local posterior given it (its
+conditional; a point estimate's values, repeated over the one draw), so
+``az.summary`` gives one row per client (``a[3]``); a deterministic site that
+reads local sites gets the ``client`` dim too. An ensemble's global draws
+mix the clients, so its ``posterior`` holds the global sites only and each
+client's local sites are in ``client_posterior`` (its own joint draws). The
+evaluation rows belong to no client of the federation: ``log_likelihood`` and
+``posterior_predictive`` are a new client's, each draw's local sites drawn
+from their conditional prior given its global sites (``predict(X)``'s
+default).
 """
 from __future__ import annotations
 
@@ -203,19 +216,26 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
     if not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
         raise ValueError(f"num_draws must be a positive integer, got {num_draws!r}")
     pot = result.context.potential
-    if getattr(pot, "local_sites", ()):
-        raise NotImplementedError(
-            f"to_arviz() does not hold client-local sites yet ({list(pot.local_sites)}): read "
-            "result.posterior.mean / sd for the global sites and local_mean / local_sd / sample_local for "
-            "the local ones")
+    local = bool(getattr(pot, "local_sites", ()))
     kind, z, desc = global_chains(result, num_draws, num_chains, seed)
     groups = {}
     attrs = {"algorithm": type(result.algorithm).__name__, "kind": kind, "description": desc}
-    site_dims = {}
     attrs.update(product_checks(result))
     if z is not None:
-        post = _constrain(pot, z)
-        groups["posterior"] = D._dataset(post, attrs=attrs)
+        if not local:
+            groups["posterior"] = D._dataset(_constrain(pot, z), attrs=attrs)
+        elif kind == "ensemble":
+            vals = _constrain(pot, z)
+            attrs["description"] = desc + ("; the global sites only (each client's local sites are in "
+                                           "client_posterior)")
+            groups["posterior"] = D._dataset({n: vals[n] for n in pot.global_sites}, attrs=attrs)
+        else:
+            vals, client_sites = result.posterior.joint_site_draws(z, jax.random.PRNGKey(seed + 2))
+            K = result.posterior.num_local_clients
+            dims = {n: ["client"] for n in client_sites}
+            attrs["description"] = desc + ("; local sites (dims chain, draw, client, ...) drawn with each global "
+                                           "draw from every client's local posterior given it")
+            groups["posterior"] = D._dataset(vals, dims=dims, coords={"client": np.arange(K)}, attrs=attrs)
     cl = client_chains(result)
     if cl is not None:
         ids, x = cl
@@ -250,7 +270,8 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                                              attrs={"description": "the evaluation targets"})
         key = jax.random.PRNGKey(seed + 1)
         if z is not None and kind != "point estimate":
-            ll, yrep = _per_draw(pot, jnp.asarray(z), inputs.tree_map(jnp.asarray, X), jnp.asarray(y), key)
+            zz = _new_client(pot, z, jax.random.fold_in(key, 5)) if local else z
+            ll, yrep = _per_draw(pot, jnp.asarray(zz), inputs.tree_map(jnp.asarray, X), jnp.asarray(y), key)
             groups["log_likelihood"] = D._dataset({"y": ll}, dims={"y": ["obs"]}, attrs={
                 "description": "pointwise log p(y_i | x_i, theta) of each global posterior draw on the evaluation set"})
             groups["posterior_predictive"] = D._dataset({"y": yrep}, dims={"y": ["obs"]}, attrs={
@@ -275,6 +296,16 @@ def to_arviz(result, num_draws: int = 1000, num_chains: int = 4, seed: int = 0, 
                                      f"above {psis.KHAT_MAX} that Gaussian is unreliable")
     _set_attrs(idata, attrs)
     return idata
+
+
+def _new_client(pot, z, key):
+    """Joint draws (..., d) for global draws ``z`` (..., d_g or d): the local block of each drawn from
+    the local sites' conditional prior given its global block (a client outside the federation)."""
+    z = np.asarray(z)
+    lead = z.shape[:-1]
+    zg = jnp.asarray(z.reshape(-1, z.shape[-1])[:, :pot.dim_global])
+    zl = jax.vmap(pot.sample_local_prior)(jax.random.split(key, zg.shape[0]), zg)
+    return np.asarray(jnp.concatenate([zg, zl.astype(zg.dtype)], -1)).reshape(lead + (pot.dim,))
 
 
 def _set_attrs(idata, attrs):
@@ -332,6 +363,8 @@ def product_checks(result) -> dict:
         if per is not None:
             per = np.asarray(per, np.float64)
             for site in result.context.potential.sites:
+                if site.offset + site.size > per.shape[-1]:      # a client-local site: not in the product
+                    continue
                 out[f"mc_error_sd_ratio_{site.name}"] = float(np.max(per[site.offset:site.offset + site.size]))
     for k in ("mc_error_target", "diag_bias_sd"):
         if k in info and info[k] is not None:

@@ -162,6 +162,13 @@ class LocalConditional(NamedTuple):
     cov: Array
 
 
+class LocalPoint(NamedTuple):
+    """Each client's local block as a point, ``values`` (K, d_l): the local sites of a point estimate
+    (FedAvg, FedProx keep them on their clients); no spread, no dependence on the global draw."""
+
+    values: Array
+
+
 def local_marginal(cond: LocalConditional, g_mean: Array, g_cov: Array):
     """``(mean, cov)`` of ``l`` when ``g ~ N(g_mean, g_cov)`` (batched over a leading client axis of
     ``cond``); ``g_cov`` is (d_g, d_g)."""
@@ -198,6 +205,7 @@ def average_predictions(potential, draws: Array, X, chunk: int = 64):
 
 
 _average_predictions_jit = jax.jit(average_predictions, static_argnums=(0, 3))
+_constrain_all_jit = jax.jit(lambda potential, z: jax.vmap(potential.constrain_all)(z), static_argnums=0)
 
 
 def mixture_log_density(potential, draws: Array, X, y, chunk: int = 64) -> Array:
@@ -239,7 +247,8 @@ class GlobalPosterior:
     Models with client-local sites (``infer={"local": True}``): ``form`` is the
     posterior of the global block (``potential.dim_global`` coordinates) and
     ``local`` the clients' conditionals ``l_k | g``
-    (:class:`LocalConditional`, leading client axis K).
+    (:class:`LocalConditional`, leading client axis K), or their points
+    (:class:`LocalPoint`, a point estimate's: ``local_sd`` is then 0).
     ``mean``, ``sd`` and ``sample`` cover the global sites;
     ``local_mean[site]`` / ``local_sd[site]`` have a leading client axis (each
     client's local posterior: its conditional averaged over the global
@@ -294,18 +303,18 @@ class GlobalPosterior:
         from .summary import site_sd
 
         if self.has_local_sites:
+            if isinstance(self.form, Samples) and self._flat_draws().shape[0] == 1:     # a point estimate
+                return {k: jnp.full(jnp.shape(v), jnp.nan) for k, v in self.mean.items()}
             vals = self._global_sites(self.flat_sample(jax.random.PRNGKey(0), 4000))
             return {k: jnp.std(v, 0, ddof=1) for k, v in vals.items()}
         return site_sd(self)
 
     def summary(self, prob: float = 0.94, chains: Optional[int] = None, num_draws: int = 4000, seed: int = 0):
         """A table like ``az.summary``: mean, sd, the equal-tailed ``prob`` interval, bulk/tail ESS and
-        R-hat where there are chains of draws, per site and coordinate (:mod:`fedprob.summary`)."""
+        R-hat where there are chains of draws, per site and coordinate (:mod:`fedprob.summary`; with
+        client-local sites, one row per client and coordinate after the global sites)."""
         from .summary import summary
 
-        if self.has_local_sites:
-            raise NotImplementedError("summary() does not cover client-local sites yet: read mean / sd for the "
-                                      "global sites and local_mean / local_sd for the local ones")
         return summary(self, chains=chains, num_draws=num_draws, seed=seed, prob=prob)
 
     @property
@@ -333,6 +342,12 @@ class GlobalPosterior:
             raise ValueError("this posterior has no client-local sites (a model declares them with "
                              "numpyro.sample(name, d, infer={'local': True}))")
 
+    @property
+    def num_local_clients(self) -> int:
+        """K: the clients whose local posteriors this posterior holds."""
+        self._check_local()
+        return int(jax.tree_util.tree_leaves(self.local)[0].shape[0])
+
     def _global_moments(self):
         if isinstance(self.form, Gaussian):
             return self.form.mean(), self.form.to_full().covariance()
@@ -342,10 +357,22 @@ class GlobalPosterior:
         return m, c.T @ c / max(draws.shape[0] - 1, 1)
 
     def local_moments(self):
-        """``(mean (K, d_l), cov (K, d_l, d_l))``: each client's local block in unconstrained space."""
+        """``(mean (K, d_l), cov (K, d_l, d_l))``: each client's local block in unconstrained space
+        (a zero covariance for :class:`LocalPoint` values)."""
         self._check_local()
+        if isinstance(self.local, LocalPoint):
+            v = self.local.values
+            return v, jnp.zeros(v.shape + v.shape[-1:], v.dtype)
         m, c = self._global_moments()
         return local_marginal(self.local, m, c)
+
+    def _local_mean_var(self):
+        """``(mean, variance)`` (K, d_l) of each client's local block, unconstrained."""
+        self._check_local()
+        if isinstance(self.local, LocalPoint):
+            return self.local.values, jnp.zeros_like(self.local.values)
+        mean, cov = self.local_moments()
+        return mean, jnp.diagonal(cov, axis1=-2, axis2=-1)
 
     def _local_sites(self, zl: Array) -> dict:
         """Local blocks (..., d_l) -> dict of constrained local sites (global sites at the mean)."""
@@ -359,18 +386,22 @@ class GlobalPosterior:
     def local_mean(self) -> dict:
         """site -> (K, ...): each client's local posterior mean, the constrained image of the
         unconstrained mean (exact for real-support sites, like :attr:`mean` of a Gaussian)."""
-        return self._local_sites(self.local_moments()[0])
+        return self._local_sites(self._local_mean_var()[0])
 
     @property
     def local_sd(self) -> dict:
         """site -> (K, ...): each client's local posterior sd (exact for real-support sites; from 4000
-        draws of :meth:`sample_local` otherwise)."""
-        mean, cov = self.local_moments()
-        sd = jnp.sqrt(jnp.diagonal(cov, axis1=-2, axis2=-1))
+        draws of :meth:`sample_local` otherwise; 0 for :class:`LocalPoint` values, a point estimate)."""
+        mean, var = self._local_mean_var()
+        sd = jnp.sqrt(var)
         real = np.asarray(self.potential._real_mask[self.potential.dim_global:])
         out, draws = {}, None
+        K = mean.shape[0]
         for site in self.potential.sites:
             if site.name not in self.potential.local_sites:
+                continue
+            if isinstance(self.local, LocalPoint):
+                out[site.name] = jnp.zeros((K,) + tuple(site.shape), mean.dtype)
                 continue
             sl = slice(site.offset - self.potential.dim_global, site.offset - self.potential.dim_global + site.size)
             if bool(np.all(real[sl])) and tuple(site.shape) == tuple(site.unconstrained_shape):
@@ -382,6 +413,9 @@ class GlobalPosterior:
 
     def _local_draws(self, key, zg: Array) -> Array:
         """(K, S, d_l) local blocks drawn for each client given global draws zg (S, d_g)."""
+        if isinstance(self.local, LocalPoint):
+            v = self.local.values
+            return jnp.broadcast_to(v[:, None, :], (v.shape[0], zg.shape[0], v.shape[1]))
         K = self.local.mean.shape[0]
         return jax.vmap(lambda c, k: sample_local(c, zg, k))(self.local, jax.random.split(key, K))
 
@@ -400,6 +434,32 @@ class GlobalPosterior:
         z = jnp.concatenate([jnp.broadcast_to(zg[:, None], zl.shape[:2] + zg.shape[-1:]), zl], -1)
         vals = jax.vmap(self.potential.constrain)(z.reshape(-1, z.shape[-1]))
         return {n: vals[n].reshape((zl.shape[0], K) + vals[n].shape[1:]) for n in self.potential.local_sites}
+
+    def joint_site_draws(self, zg, key):
+        """``(values, client_sites)``: constrained draws of every site for global draws ``zg`` (..., d_g) of
+        a model with client-local sites, as host arrays: a global site (..., *shape); a local site
+        (..., K, *shape), each client's drawn from its local posterior given each global draw; a
+        deterministic site outside the data plate with the client axis where it depends on the local
+        sites, without it where it does not. ``client_sites`` names the sites with the client axis."""
+        self._check_local()
+        zg = np.asarray(zg)
+        lead, dg = zg.shape[:-1], zg.shape[-1]
+        flat = jnp.asarray(zg.reshape(-1, dg))
+        zl = self._local_draws(key, flat)                                   # (K, N, d_l)
+        K, N = zl.shape[:2]
+        z = jnp.concatenate([jnp.broadcast_to(flat[None], (K, N, dg)), zl.astype(flat.dtype)], -1)
+        vals = _constrain_all_jit(self.potential, z.reshape(K * N, -1))
+        out, client_sites = {}, []
+        for name, v in vals.items():
+            v = np.asarray(v).reshape((K, N) + v.shape[1:])
+            per_client = name in self.potential.local_sites or (
+                name not in self.potential.global_sites and not np.allclose(v, v[:1], equal_nan=True))
+            if per_client:
+                out[name] = np.moveaxis(v, 0, 1).reshape(lead + (K,) + v.shape[2:])
+                client_sites.append(name)
+            else:
+                out[name] = v[0].reshape(lead + v.shape[2:])
+        return out, tuple(client_sites)
 
     def _predictive_draws(self, prediction: Optional[str] = None, client=None) -> Array:
         prediction = self.prediction if prediction is None else prediction
@@ -426,6 +486,8 @@ class GlobalPosterior:
         else:
             zg = self.form.sample(k_g, self.num_predictive_draws)
         if client is None:
+            if zg.shape[0] == 1 and prediction == "average":     # a point: many draws of the new client's sites
+                zg = jnp.broadcast_to(zg, (self.num_predictive_draws, zg.shape[1]))
             keys = jax.random.split(k_l, zg.shape[0])
             zl = jax.vmap(self.potential.sample_local_prior)(keys, zg)
             if prediction == "mean":
@@ -433,13 +495,13 @@ class GlobalPosterior:
                                  "client's local sites are drawn from their prior")
             return jnp.concatenate([zg, zl], -1)
         self._check_local()
-        K = self.local.mean.shape[0]
+        K = self.num_local_clients
         if isinstance(client, bool) or not isinstance(client, (int, np.integer)) or not 0 <= int(client) < K:
             raise ValueError(f"client must be None (a new client) or an index in [0, {K}), got {client!r}")
+        if prediction == "mean" or isinstance(self.local, LocalPoint):
+            mean, _ = self._local_mean_var()
+            return jnp.concatenate([zg, jnp.broadcast_to(mean[int(client)], zg.shape[:1] + mean.shape[1:])], -1)
         cond = jax.tree_util.tree_map(lambda a: a[int(client)], self.local)
-        if prediction == "mean":
-            mean, _ = self.local_moments()
-            return jnp.concatenate([zg, mean[int(client)][None]], -1)
         return jnp.concatenate([zg, sample_local(cond, zg, k_l)], -1)
 
     # -- prediction ------------------------------------------------------------------------
@@ -500,5 +562,5 @@ def log_predictive_density(task: str, prediction, y) -> Array:
     return -0.5 * (jnp.log(2 * jnp.pi * var) + (y - mean) ** 2 / var)
 
 
-__all__ = ["Samples", "Gaussian", "GlobalPosterior", "LocalConditional", "local_marginal", "sample_local", "average_predictions", "log_predictive_density",
+__all__ = ["Samples", "Gaussian", "GlobalPosterior", "LocalConditional", "LocalPoint", "local_marginal", "sample_local", "average_predictions", "log_predictive_density",
            "mixture_log_density"]

@@ -39,7 +39,9 @@ prior share (1/K, a cavity) applies to the global sites only, and the local
 sites' conditional prior stays whole on every client, as a part of the
 client's evidence about the global sites. A local site must be continuous
 and keep one shape on every client (not inside the ``data`` plate, not
-sized by the row count); other sites may depend on it, no global site may.
+sized by the row count); other sites may depend on it, no global site (nor a
+``numpyro.factor`` outside the data plate) may: the server holds those and has
+no client's local value (refused at construction, naming both sites).
 
 Clients of different sizes are padded into one array of ``N_max`` rows with a
 count ``n`` each (:class:`ClientData`), so one jitted function serves every
@@ -213,6 +215,29 @@ def _check_local_shapes(model, X, y, model_kwargs, info: dict, names) -> None:
                 "(size it by a fixed number, e.g. a number of groups passed in model_kwargs)")
 
 
+def _depends(jaxpr, marked_inputs) -> list:
+    """For each output of ``jaxpr``: whether it depends on an input flagged in ``marked_inputs``
+    (a forward pass over the equations; calls of sub-jaxprs are followed, other control flow counts
+    every output as dependent on every input)."""
+    from jax.extend.core import Literal
+
+    marked = {v for v, m in zip(jaxpr.invars, marked_inputs) if m}
+    hit = lambda v: not isinstance(v, Literal) and v in marked
+    for eqn in jaxpr.eqns:
+        ins = [hit(v) for v in eqn.invars]
+        if not any(ins):
+            continue
+        sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        sub = getattr(sub, "jaxpr", sub)
+        if sub is not None and hasattr(sub, "eqns") and len(sub.invars) == len(ins) \
+                and len(sub.outvars) == len(eqn.outvars):
+            outs = _depends(sub, ins)
+        else:
+            outs = [True] * len(eqn.outvars)
+        marked.update(v for v, m in zip(eqn.outvars, outs) if m)
+    return [hit(v) for v in jaxpr.outvars]
+
+
 def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     """Rows and per-row weights for one stochastic estimate of the log likelihood.
 
@@ -372,6 +397,8 @@ class Potential:
         self._y_dtype_str = str(y.dtype)
         self._identity = _identity_key(model, self.model_kwargs, self.x_shape, self.y_shape,
                                        self._x_dtype, self._y_dtype_str)
+        if local_names:
+            self._check_global_terms_read_no_local_site()
 
     # -- identity ---------------------------------------------------------------------------
     # Two potentials are equal when they trace the same program: the same model function,
@@ -382,6 +409,40 @@ class Potential:
 
     def __eq__(self, other):
         return isinstance(other, Potential) and self._identity == other._identity
+
+    def _check_global_terms_read_no_local_site(self) -> None:
+        """Refuse a global site (or a ``numpyro.factor`` outside the data plate) whose density reads a
+        client-local site: it is held by the server and shared by every client, and no client's local
+        value is the server's. Found on the model's jaxpr (abstract, no FLOPs): which global terms
+        depend on which local site's input."""
+        glob = [s for s in self.sites if s.name not in self.local_sites]
+        loc = [s for s in self.sites if s.name in self.local_sites]
+        X, y = self.example_X(), self.example_y()
+
+        def terms(*parts):          # one input per site (a concatenation would join them all)
+            u = {s.name: p.reshape(s.unconstrained_shape) for s, p in zip(glob + loc, parts)}
+            tr = self._trace_with(u, X, y, {})
+            out = [jnp.sum(tr[s.name]["fn"].log_prob(tr[s.name]["value"])) for s in glob]
+            return out + [jnp.sum(tr[n]["fn"].log_prob(tr[n]["value"])) for n in self.prior_factors]
+
+        dtype = jnp.result_type(float)
+        closed = jax.make_jaxpr(terms)(*[jnp.zeros((s.size,), dtype) for s in glob + loc])
+        names = [s.name for s in glob] + list(self.prior_factors)
+        for i, site in enumerate(loc):
+            reads = _depends(closed.jaxpr, [False] * len(glob) + [j == i for j in range(len(loc))])
+            hit = [n for n, r in zip(names, reads) if r]
+            if hit and hit[0] in self.global_sites:
+                raise ValueError(
+                    f"global site '{hit[0]}' depends on the client-local site '{site.name}': a global site is "
+                    "held by the server and shared by every client, and the server has no value of one "
+                    f"client's local site; mark '{hit[0]}' client-local too (infer={{'local': True}}), or "
+                    f"share '{site.name}' (drop its infer={{'local': True}})")
+            if hit:
+                raise ValueError(
+                    f"numpyro.factor '{hit[0]}' outside the '{DATA_PLATE}' plate depends on the client-local site "
+                    f"'{site.name}': such a factor is a term of the global prior, held by the server, which has "
+                    f"no value of one client's local site; give '{site.name}' that density in its own "
+                    f"distribution, or share '{site.name}' (drop its infer={{'local': True}})")
 
     # -- layout ---------------------------------------------------------------------------
     def unravel(self, z: Array) -> dict:

@@ -131,6 +131,7 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     # build: the potential, the checked data, the initial (or restored) states, the compiled round
     K = fed.num_clients
     potential = get_potential(model, fed, model_kwargs)
+    algorithm = algorithm.for_model(potential)
     check_local_sites(algorithm, potential)
     if potential.task == "classification":
         check_model_labels(fed.pooled()[1], potential.num_classes, "federation")
@@ -176,11 +177,14 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     if bar is not None:
         bar.close()
     # collect
-    clients = compiled.host_clients(clients)
     info = compiled.info
     # client-local sites: one more client pass re-takes each client's local posterior against the
-    # final global one (the last round's evaluation came before it, so the posterior is recomputed)
-    clients, refresh = local.refresh_local(algorithm, ctx, server, clients, data, jax.random.fold_in(k_rounds, rounds))
+    # final global one (the last round's evaluation came before it, so the posterior is recomputed);
+    # with every client in each round it is the compiled round's own client pass
+    everyone = M == K and not (faults is not None and faults.active)
+    clients, refresh = local.refresh_local(algorithm, ctx, server, clients, data, jax.random.fold_in(k_rounds, rounds),
+                                           step=compiled.step if everyone else None)
+    clients = compiled.host_clients(clients)
     if refresh is not None:
         info, posterior = {**info, "local_refresh": refresh}, None
     # the last round's evaluated posterior is the result's (computed once: its Monte Carlo checks warn once)

@@ -37,6 +37,16 @@ By kind of global posterior (``basis``):
 
 :func:`site_sd` is ``posterior.sd``: the same sds as the table, one array per
 site (exact for a Gaussian's real-support sites; NaN for a point estimate).
+
+Client-local sites (``infer={"local": True}``): after the global sites, one
+row per client and coordinate of every local site, labelled as ``az.summary``
+labels ``result.to_arviz()`` (the client index first: ``a[3]``, ``b[3, 0]``),
+from each client's local posterior: ``exact`` for a Gaussian global posterior's
+real-support local sites (the conditional averaged over the Gaussian is
+Gaussian: ``local_mean`` +- 1.881 ``local_sd``), else draws given each global
+draw (``gaussian draws``, or ``draws`` with ESS and R-hat over the global
+chains); an ensemble's from the client's own draws (``client draws``); a point
+estimate's values with NaN spread.
 """
 from __future__ import annotations
 
@@ -142,6 +152,8 @@ def _exact_sites(post) -> dict:
     s = np.sqrt(np.asarray(post.form.variance(), np.float64))
     out = {}
     for site in pot.sites:
+        if site.offset + site.size > m.shape[-1]:          # a client-local site: not in the global form
+            continue
         sl = slice(site.offset, site.offset + site.size)
         if bool(np.all(real[sl])) and tuple(site.shape) == tuple(site.unconstrained_shape):
             out[site.name] = (m[sl].reshape(site.shape), s[sl].reshape(site.shape))
@@ -167,20 +179,22 @@ def summary(post, chains=None, num_draws: int = NUM_DRAWS, seed: int = 0, prob: 
         raise ValueError(f"prob must lie in (0, 1), got {prob!r}")
     z, w, basis = _flat_draws(post, chains, num_draws, seed)
     k = kind(post)
+    pot = post.potential
+    local = bool(getattr(pot, "local_sites", ()))
+    if local and z.shape[-1] < pot.dim:                   # the global block: local sites at 0 (never read)
+        z = np.concatenate([z, np.zeros(z.shape[:-1] + (pot.dim - z.shape[-1],), z.dtype)], -1)
     vals = _constrained(post, z)
     exact = _exact_sites(post) if k == "gaussian" else {}
     zq = statistics.NormalDist().inv_cdf(1 - (1 - prob) / 2)
     lo_name, hi_name = f"eti_{100 * (1 - prob) / 2:g}%", f"eti_{100 * (1 - (1 - prob) / 2):g}%"
     chained = k in ("samples", "ensemble", "predictive") and z.shape[1] >= 4
     rows = []
-    for name in post.potential.site_names:
-        v = np.asarray(vals[name])
-        if name in exact:
-            mean, sd = exact[name]
-            lo, hi, site_basis = mean - zq * sd, mean + zq * sd, "exact"
+
+    def add(name, v, site_basis, mean=None, sd=None, chained=chained, w=w, prefix=()):
+        if mean is not None:
+            lo, hi = mean - zq * sd, mean + zq * sd
         else:
             mean, sd, lo, hi = _site_stats(v, w, prob)
-            site_basis = basis
         if k == "point estimate":
             sd, lo, hi = (np.full(np.shape(mean), np.nan),) * 3
         nan = np.full(np.shape(mean), np.nan)
@@ -188,12 +202,59 @@ def summary(post, chains=None, num_draws: int = NUM_DRAWS, seed: int = 0, prob: 
         et = D.ess(v, "tail") if chained else nan
         rh = D.rhat(v) if chained and v.shape[0] > 1 else nan
         for idx in np.ndindex(*np.shape(mean)):
-            rows.append({"parameter": _label(name, idx), "mean": float(np.asarray(mean)[idx]),
+            rows.append({"parameter": _label(name, prefix + idx), "mean": float(np.asarray(mean)[idx]),
                          "sd": float(np.asarray(sd)[idx]), lo_name: float(np.asarray(lo)[idx]),
                          hi_name: float(np.asarray(hi)[idx]), "ess_bulk": float(np.asarray(eb)[idx]),
                          "ess_tail": float(np.asarray(et)[idx]), "r_hat": float(np.asarray(rh)[idx]),
                          "basis": site_basis})
+
+    for name in (pot.global_sites if local else pot.site_names):
+        v = np.asarray(vals[name])
+        if name in exact:
+            add(name, v, "exact", *exact[name])
+        else:
+            add(name, v, basis)
+    if local:
+        _local_rows(post, k, z, chains, seed, add)
     return Table(rows, title=title or "posterior summary", notes=_notes(post, k, z, prob))
+
+
+def _local_rows(post, k: str, z, chains, seed: int, add) -> None:
+    """The rows of the client-local sites (module docstring), one client after another, through ``add``."""
+    pot = post.potential
+    K = post.num_local_clients
+    if k in ("ensemble", "predictive"):
+        cd = np.asarray(post.client_draws)            # (K, S, d): each client's own draws
+        S = cd.shape[1]
+        C = chains if chains and S % chains == 0 else 1
+        vals = _constrained(post, cd.reshape(K, C, S // C, -1))
+        for c in range(K):
+            for name in pot.local_sites:
+                add(name, np.asarray(vals[name][c]), "client draws", chained=S // C >= 4, w=None, prefix=(c,))
+        return
+    exact = {}
+    if k == "gaussian":
+        real = np.asarray(pot._real_mask)
+        lm, ls = post.local_mean, post.local_sd
+        for site in pot.sites:
+            sl = slice(site.offset, site.offset + site.size)
+            if site.name in pot.local_sites and bool(np.all(real[sl])) and \
+                    tuple(site.shape) == tuple(site.unconstrained_shape):
+                exact[site.name] = (np.asarray(lm[site.name], np.float64), np.asarray(ls[site.name], np.float64))
+    if k == "point estimate":
+        for name, v in post.local_mean.items():
+            for c in range(K):
+                add(name, np.asarray(v[c])[None, None], "point estimate", prefix=(c,))
+        return
+    vals, _ = post.joint_site_draws(z[..., :pot.dim_global], jax.random.PRNGKey(seed + 2))
+    basis = "gaussian draws" if k == "gaussian" else "draws"
+    for c in range(K):
+        for name in pot.local_sites:
+            v = np.asarray(vals[name])[:, :, c]
+            if name in exact:
+                add(name, v, "exact", exact[name][0][c], exact[name][1][c], prefix=(c,))
+            else:
+                add(name, v, basis, prefix=(c,))
 
 
 def _notes(post, k: str, z, prob: float) -> list:

@@ -374,6 +374,13 @@ class Laplace(ClientBackend):
     full batch, Adam for minibatches). The curvature always uses the full
     client data. min_precision: floor on precisions. chunk_size: basis
     vectors per HVP batch ("diag") and rows per Jacobian batch (GGN).
+    local: on a model with client-local sites, how the global block's
+    Gaussian is taken: "marginal" (default) integrates the local sites out
+    by a Laplace step at every global value
+    (:mod:`fedprob.inference.laplace_marginal`; exact Hessians, used where
+    the blocks are small, else "joint"), "joint" is the Schur complement of
+    the joint Laplace at the joint mode (the profile over the local sites,
+    which misses the normalizer of a hierarchical scale).
     """
 
     hessian: str = "full"
@@ -383,6 +390,7 @@ class Laplace(ClientBackend):
     batch_size: Optional[int] = None
     min_precision: float = 1e-6
     chunk_size: int = 32
+    local: str = "marginal"
 
     init_strategy: str = "center"
 
@@ -404,6 +412,8 @@ class Laplace(ClientBackend):
             raise ValueError(f"min_precision must be a positive number, got {self.min_precision}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.local not in ("marginal", "joint"):
+            raise ValueError(f"local must be 'marginal' or 'joint', got {self.local!r}")
 
     def run(self, key, potential, target, init) -> ClientResult:
         opt = minimize(potential, target, init, key=key, num_steps=self.num_steps,

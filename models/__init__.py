@@ -4,11 +4,13 @@ from .logistic import logistic_regression, softmax_regression
 from .mlp import bnn_mlp
 from .cnn import cnn
 from .poisson import poisson_regression
+from .hierarchical import hierarchical_linear
 
 from fedprob.names import checked_keywords as _checked, module_getattr as _module_getattr
 
 # a misspelled option of a builder names the closest one (the builders themselves are unchanged)
-linear_regression, logistic_regression, softmax_regression, bnn_mlp, cnn, poisson_regression = map(
-    _checked, (linear_regression, logistic_regression, softmax_regression, bnn_mlp, cnn, poisson_regression))
+(linear_regression, logistic_regression, softmax_regression, bnn_mlp, cnn, poisson_regression,
+ hierarchical_linear) = map(_checked, (linear_regression, logistic_regression, softmax_regression, bnn_mlp, cnn,
+                                       poisson_regression, hierarchical_linear))
 
 __getattr__ = _module_getattr(__name__, globals(), "model or attribute")

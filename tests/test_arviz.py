@@ -240,3 +240,44 @@ def test_consensus_keeps_the_clients_chains_for_rhat(problem):
     assert np.all(np.abs(w.mean(0) - m) / np.sqrt(np.diag(c)) < 0.1)
     row = r.diagnostics(warn=False).rows[0]
     assert row["scope"] == "global" and np.isfinite(row["rhat"]) and row["rhat"] < 1.01
+
+
+def test_local_sites_have_a_client_dim():
+    """Client-local sites (tests/test_local_sites.py's normal-normal hierarchy, PVI exact in one round):
+    posterior holds a local site with dims (chain, draw, client), jointly with the global draws;
+    az.summary gives one row per client, as result.summary() labels them; the evaluation rows are a new
+    client's (its local site from the prior given each global draw); a point estimate's local values are
+    one draw."""
+    from scipy.stats import norm
+    from test_local_sites import TAU, exact_joint, federation, normal_normal
+
+    az = _az()
+    fed, clients = federation()
+    mean, cov = exact_joint(clients)
+    sd = np.sqrt(np.diag(cov))
+    r = fp.run(A.PVI(client=I.Laplace(hessian="full"), damping=1.0), normal_normal, fed, rounds=1, progress=False)
+    X, y = np.zeros((5, 1)), np.linspace(0.0, 3.0, 5)
+    idata = r.to_arviz(num_draws=4000, eval_data=(X, y))
+    post = group(idata, "posterior")
+    assert post["a"].dims == ("chain", "draw", "client") and post["a"].shape == (4, 1000, 8)
+    assert post["mu"].dims == ("chain", "draw")
+    np.testing.assert_array_equal(np.asarray(post["client"]), np.arange(8))
+    a, mu = np.asarray(post["a"]).reshape(-1, 8), np.asarray(post["mu"]).reshape(-1)
+    assert np.all(np.abs(a.mean(0) - mean[1:]) < 4 * sd[1:] / np.sqrt(4000))
+    assert np.all(np.abs(a.std(0) / sd[1:] - 1) < 0.06)
+    for k in (0, 7):                                  # drawn jointly: the exact mu - a_k correlation
+        assert abs(np.corrcoef(mu, a[:, k])[0, 1] - cov[0, k + 1] / (sd[0] * sd[k + 1])) < 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = az.summary(idata)
+    labels = [f"a[{k}]" for k in range(8)]
+    assert set(s.index) == set(labels) | {"mu"} == {row["parameter"] for row in r.summary().rows}
+    np.testing.assert_allclose(np.asarray(s.loc[labels, "mean"], float), mean[1:], atol=4 * sd.max() / np.sqrt(4000))
+    ll = np.asarray(group(idata, "log_likelihood")["y"])
+    assert ll.shape == (4, 1000, 5)
+    dens = np.exp(ll).reshape(-1, 5).mean(0)          # a new client: y ~ N(mu, 1 + var(mu) + tau^2)
+    np.testing.assert_allclose(dens, norm.pdf(y, mean[0], np.sqrt(1 + cov[0, 0] + TAU ** 2)), rtol=0.05)
+    fa = fp.run(A.FedAvg(local_steps=5, batch_size=None), normal_normal, fed, rounds=2, progress=False)
+    pa = group(fa.to_arviz(), "posterior")
+    assert pa["a"].shape == (1, 1, 8)
+    np.testing.assert_allclose(np.asarray(pa["a"])[0, 0], fa.posterior.local_mean["a"], rtol=1e-6)

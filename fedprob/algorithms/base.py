@@ -97,6 +97,12 @@ class Algorithm(CheckedKeywords):
         estimates, samplers) or reports k-hat from its client updates (one-round methods)."""
         return None
 
+    def for_model(self, potential) -> "Algorithm":
+        """The configuration a run uses on this model: ``self`` (default), or a copy whose defaulted
+        options follow the model (PVI's family on a model with client-local sites). Called by
+        every entry point once the potential is built; a choice the user made is never changed."""
+        return self
+
     def local_sites_refusal(self, potential) -> Optional[str]:
         """Why this configuration cannot take the model's client-local sites (``infer={"local":
         True}``), or None when it can: it then sends only the global block and keeps each client's
@@ -127,9 +133,10 @@ def check_local_sites(algorithm, potential) -> None:
     if reason is not None:
         listed = ", ".join(f"'{n}'" for n in names)
         raise ValueError(
-            f"the model marks {listed} as client-local (infer={{'local': True}}), and {reason}; use "
-            "fp.algorithms.PVI (Gaussian clients), EP (sampling or Gaussian clients), or EPMCMC "
-            "(parametric) or ConsensusMC with sampling clients, for a model with local sites, or drop "
+            f"the model marks {listed} as client-local (infer={{'local': True}}), and {reason}; for a model "
+            "with local sites use fp.algorithms.PVI, FedLapCov or BayesADMM (Gaussian clients), EP (sampling "
+            "or Gaussian clients), EPMCMC (parametric), ConsensusMC or FedPA (sampling clients), FedAvg or "
+            "FedProx (point estimates, local sites kept on each client), Ensemble or PredictiveBayes, or drop "
             "infer={'local': True} to share the site across clients")
 
 

@@ -13,6 +13,17 @@ This is a baseline, not the Bayesian posterior: a mixture of client
 posteriors is as wide as the widest client, where the global posterior is
 narrower than any of them.
 
+Client-local sites (``infer={"local": True}``): every client samples the joint
+of the global sites and its own local sites, ``p0(g) p(l_k | g) p(D_k | g,
+l_k)``, and sends those joint draws. ``mean``, ``sd`` and ``sample`` cover the
+global sites (the mixture of the global blocks); client k's local posterior is
+its own draws' local block (``local_mean``, ``local_sd``, ``sample_local``);
+``predict(X, client=k)`` is client k's own posterior predictive (its joint
+draws: its data alone, no pooling), and ``predict(X, client=None)`` (the
+default) a new client's: every draw's local block replaced by a draw from the
+local sites' conditional prior given that draw's global block, mixed over
+clients as above (pooled as products by PredictiveBayes).
+
 :class:`EnsemblePosterior` also holds the per-client predictive machinery that
 :mod:`fedprob.algorithms.predictive_bayes` builds on.
 """
@@ -27,7 +38,7 @@ import numpy as np
 from jax.scipy.special import logsumexp
 
 from .. import inputs
-from ..posteriors import GlobalPosterior, Samples, mixture_log_density
+from ..posteriors import GlobalPosterior, Samples, _average_predictions_jit, _mixture_log_density_jit, mixture_log_density
 from ..inference import CyclicalSGHMC
 from .base import Context
 from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
@@ -105,54 +116,122 @@ class EnsemblePosterior(GlobalPosterior):
     client_draws: (K, S, d) flat unconstrained draws of the clients received;
     mixture_weights: (K,) weights of the predictive mixture; sample_weights:
     (K,) weights of the clients in ``sample``/``mean`` (default: the mixture
-    weights). ``form`` is the union of all draws, ``Samples((K*S, d))``.
+    weights). ``form`` is the union of all draws, ``Samples((K*S, d))`` (of
+    their global block with client-local sites, module docstring).
     """
 
     def __init__(self, potential, client_draws, mixture_weights, sample_weights=None, *, info=None,
                  seed: int = 0):
         client_draws = jnp.asarray(client_draws)
         K, S, d = client_draws.shape
-        super().__init__(potential, Samples(client_draws.reshape(K * S, d)), info=info, seed=seed)
+        dg = potential.dim_global if getattr(potential, "local_sites", ()) else d
+        super().__init__(potential, Samples(client_draws[..., :dg].reshape(K * S, dg)), info=info, seed=seed)
         self.client_draws = client_draws
         self.mixture_weights = jnp.asarray(mixture_weights)
         self.sample_weights = self.mixture_weights if sample_weights is None else jnp.asarray(sample_weights)
+        self._new_client = None
 
     @property
     def num_clients(self) -> int:
         return int(self.client_draws.shape[0])
 
     # -- parameters --------------------------------------------------------------------------------
+    def _dg(self) -> int:
+        return self.form.draws.shape[-1]
+
     @property
     def flat_mean(self):
-        return jnp.tensordot(self.sample_weights, jnp.mean(self.client_draws, 1), 1)
+        return jnp.tensordot(self.sample_weights, jnp.mean(self.client_draws[..., :self._dg()], 1), 1)
 
     @property
     def mean(self) -> dict:
         K, S, d = self.client_draws.shape
         vals = jax.vmap(self.potential.constrain)(self.client_draws.reshape(K * S, d))
+        keep = self.potential.global_sites if self.has_local_sites else tuple(vals)
         return {k: jnp.tensordot(self.sample_weights, jnp.mean(v.reshape((K, S) + v.shape[1:]), 1), 1)
-                for k, v in vals.items()}
+                for k, v in vals.items() if k in keep}
 
     def flat_sample(self, key, n: int):
-        """n draws: a client by the sample weights, then one of its draws uniformly."""
-        return _resample(key, self.client_draws, self.sample_weights, int(n))
+        """n draws: a client by the sample weights, then one of its draws uniformly (the global block
+        with client-local sites)."""
+        return _resample(key, self.client_draws, self.sample_weights, int(n))[..., :self._dg()]
+
+    # -- client-local sites ---------------------------------------------------------------------------
+    def _check_local(self):
+        if not self.has_local_sites:
+            super()._check_local()
+
+    @property
+    def num_local_clients(self) -> int:
+        self._check_local()
+        return self.num_clients
+
+    def local_moments(self):
+        """``(mean (K, d_l), cov (K, d_l, d_l))`` of each client's own draws' local block."""
+        self._check_local()
+        zl = self.client_draws[..., self._dg():]
+        m = jnp.mean(zl, 1)
+        c = zl - m[:, None]
+        return m, jnp.einsum("ksi,ksj->kij", c, c) / max(zl.shape[1] - 1, 1)
+
+    def sample_local(self, key, n: int) -> dict:
+        """site -> (n, K, ...): each client's local sites resampled from its own joint draws."""
+        self._check_local()
+        K, S, d = self.client_draws.shape
+        idx = jax.random.randint(key, (K, int(n)), 0, S)
+        z = jnp.take_along_axis(self.client_draws, idx[..., None], 1)          # (K, n, d)
+        vals = jax.vmap(self.potential.constrain)(jnp.swapaxes(z, 0, 1).reshape(-1, d))
+        return {s: vals[s].reshape((int(n), K) + vals[s].shape[1:]) for s in self.potential.local_sites}
+
+    def new_client_draws(self):
+        """(K, S, d): the client draws with every local block replaced by a draw from the local sites'
+        conditional prior given the draw's global block (a new client's sites; fixed for this posterior)."""
+        if self._new_client is None:
+            K, S, d = self.client_draws.shape
+            zg = self.client_draws[..., :self._dg()].reshape(K * S, -1)
+            keys = jax.random.split(jax.random.fold_in(self._key, 3), K * S)
+            zl = jax.vmap(self.potential.sample_local_prior)(keys, zg)
+            self._new_client = jnp.concatenate([zg, zl], -1).reshape(K, S, d)
+        return self._new_client
+
+    def predictive_draws(self, client=None):
+        """``(draws (K, S, d) mixed over clients, None)`` for the global or a new client's predictive, or
+        ``(None, draws (S, d))`` of client ``client``'s own posterior predictive."""
+        if not self.has_local_sites:
+            if client is not None:
+                raise ValueError("client=... needs a model with client-local sites (infer={'local': True}); "
+                                 "this model shares every site across clients")
+            return self.client_draws, None
+        if client is None:
+            return self.new_client_draws(), None
+        K = self.num_clients
+        if isinstance(client, bool) or not isinstance(client, (int, np.integer)) or not 0 <= int(client) < K:
+            raise ValueError(f"client must be None (a new client) or an index in [0, {K}), got {client!r}")
+        return None, self.client_draws[int(client)]
 
     # -- prediction -----------------------------------------------------------------------------------
     def client_predictive(self, X):
-        """Per-client predictives at X (see :func:`client_predictive`)."""
-        return client_predictive(self.potential, self.client_draws, inputs.as_jax(X))
+        """Per-client predictives at X (see :func:`client_predictive`; a new client's local sites)."""
+        return client_predictive(self.potential, self.predictive_draws()[0], inputs.as_jax(X))
 
-    def predict(self, X):
-        """The mixture of client predictives (probabilities, or (mean, variance))."""
-        return _mixture_predict(self.potential, self.client_draws, self.mixture_weights, inputs.as_jax(X))
+    def predict(self, X, client=None):
+        """The mixture of client predictives (probabilities, or (mean, variance)); with client-local
+        sites ``client=k`` is client k's own posterior predictive, ``None`` a new client's."""
+        mixed, own = self.predictive_draws(client)
+        if own is not None:
+            return _average_predictions_jit(self.potential, own, inputs.as_jax(X), 64)
+        return _mixture_predict(self.potential, mixed, self.mixture_weights, inputs.as_jax(X))
 
-    def log_predictive_density(self, X, y):
-        """(n,) ``log sum_k pi_k (1/S) sum_j p(y | x, w_kj)``: the mixture's exact log density."""
+    def log_predictive_density(self, X, y, client=None):
+        """(n,) ``log sum_k pi_k (1/S) sum_j p(y | x, w_kj)``: the mixture's exact log density (client
+        k's own mixture over its draws for ``client=k``)."""
         y = jnp.asarray(y)
         if self.potential.task != "regression":
             y = y.astype(jnp.int32)
-        return _mixture_log_density(self.potential, self.client_draws, self.mixture_weights,
-                                    inputs.as_jax(X), y)
+        mixed, own = self.predictive_draws(client)
+        if own is not None:
+            return _mixture_log_density_jit(self.potential, own, inputs.as_jax(X), y, 64)
+        return _mixture_log_density(self.potential, mixed, self.mixture_weights, inputs.as_jax(X), y)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +257,14 @@ class Ensemble(OneRoundAlgorithm):
 
     def make_message(self, ctx, result, key):
         return {"draws": result_draws(result, key, self.num_samples)}
+
+    def local_sites_refusal(self, potential):
+        """None: clients send joint draws, each keeping its own local posterior (module docstring)."""
+        return None
+
+    def split_local(self, ctx: Context, result):
+        """The joint result, unsplit: the server keeps each client's joint draws."""
+        return result, None
 
     def posterior(self, ctx: Context, server_state, client_states) -> EnsemblePosterior:
         msgs, sizes, ids = self.received(server_state)

@@ -53,6 +53,23 @@ mean the server point, precision ``N sum_k q_k diag(Sigma_hat_k^-1)`` from the
 last round's participants (each client's mean-scale precision times ``N_k``:
 a product of the client Gaussians, the prior counted once through the 1/K
 shares); before any sampling round it is ``N`` in every coordinate.
+
+Client-local sites (``infer={"local": True}``, :mod:`fedprob.local_sites`).
+The server point ``theta`` and every quantity above live on the global block.
+A client samples the joint of the global block and its own local sites,
+``p0(g)^(1/K) p(l_k | g) p(D_k | g, l_k)`` (the prior share on the global
+sites only), started at ``(theta, its local sites' conditional mean given
+theta)``; the global block of its draws is a sample of its sub-posterior's
+global marginal, from which the delta and the precision diagonal are
+computed as above, so the fixed point is the same product of global
+marginals. The client keeps the Gaussian conditional ``l_k | g`` regressed on
+its joint draws (:func:`fedprob.local_sites.conditional_from_draws`;
+``p(l_k | g, D_k)`` does not depend on the prior share) in its client state;
+the posterior's local posteriors are those conditionals averaged over the
+final Gaussian. After the last round ``fp.run`` makes one more client pass
+(:meth:`FedPA.refresh_local`): every client samples once more from the final
+server point and keeps the conditional of those draws (clients that never
+took part get one too).
 """
 from __future__ import annotations
 
@@ -63,11 +80,12 @@ import jax
 import jax.numpy as jnp
 
 from ..inference.iasg import IASG
+from .. import local_sites as loc
 from ..posteriors import GlobalPosterior
 from ..potential import make_target
-from ..protocols import DRAW_STATS, ClientBackend
+from ..protocols import DRAW_STATS, ClientBackend, finite_flag
 from .. import gaussian
-from .base import Algorithm, Context, weighted_mean
+from .base import Algorithm, Context, stack_init, weighted_mean
 from . import fedpa_delta as dp
 from .server_opt import ServerOptimizer
 
@@ -79,6 +97,13 @@ class FedPAState(NamedTuple):
     opt_state: Any
     round: Any
     precision: Any
+
+
+class FedPAClient(NamedTuple):
+    """Client state of FedPA on a model with client-local sites: the conditional ``l_k | g`` of the
+    client's local sites, regressed on its last joint draws."""
+
+    local: loc.LocalConditional
 
 
 def default_client() -> IASG:
@@ -142,10 +167,37 @@ class FedPA(Algorithm, ServerOptimizer):
     def backend(self):
         return default_client() if self.client is None else self.client
 
+    def local_sites_refusal(self, potential):
+        """None: the server works on the global block of the clients' joint draws (module docstring)."""
+        return None
+
     def init(self, ctx: Context, key, data):
-        w, opt_state = self.server_start(ctx.potential, key)
-        prec = jnp.full_like(w, float(ctx.num_rows))
-        return FedPAState(w, opt_state, jnp.zeros((), jnp.int32), prec), ()
+        pot = ctx.potential
+        if not pot.local_sites:
+            w, opt_state = self.server_start(pot, key)
+            prec = jnp.full_like(w, float(ctx.num_rows))
+            return FedPAState(w, opt_state, jnp.zeros((), jnp.int32), prec), ()
+        z0 = pot.init(key, self.init_strategy)
+        w = z0[:pot.dim_global]
+        state = FedPAState(w, self._server_opt().init(w), jnp.zeros((), jnp.int32),
+                           jnp.full_like(w, float(ctx.num_rows)))
+        return state, stack_init(ctx.num_clients, FedPAClient(loc.initial_conditional(z0, pot.dim_global)))
+
+    def _sample(self, ctx: Context, theta, client_state, data, key):
+        """``(draws of the global block (l, d_g), new client state, backend result)``: the client's
+        sampler on its sub-posterior, started at ``theta`` (and, with client-local sites, its local
+        sites' conditional mean given ``theta``)."""
+        target = make_target(data, ctx.dim, prior_weight=1.0 / ctx.num_clients, dtype=theta.dtype)
+        if not isinstance(client_state, FedPAClient):
+            res = self.backend.run(key, ctx.potential, target, theta)
+            return res.posterior.draws.astype(theta.dtype), client_state, res
+        cond = client_state.local
+        start_l = cond.mean + cond.slope @ (theta - cond.anchor)
+        res = self.backend.run(key, ctx.potential, target, jnp.concatenate([theta, start_l.astype(theta.dtype)]))
+        draws = res.posterior.draws.astype(theta.dtype)
+        draws = draws.reshape(-1, draws.shape[-1])
+        dg = theta.shape[-1]
+        return draws[:, :dg], FedPAClient(loc.conditional_from_draws(draws, dg)), res
 
     def _rho(self, draws, scale):
         if isinstance(self.shrinkage, str):
@@ -157,9 +209,7 @@ class FedPA(Algorithm, ServerOptimizer):
 
     def client_update(self, ctx: Context, server_state, client_state, data, key):
         theta = server_state.params
-        target = make_target(data, ctx.dim, prior_weight=1.0 / ctx.num_clients, dtype=theta.dtype)
-        res = self.backend.run(key, ctx.potential, target, theta)
-        draws = res.posterior.draws.astype(theta.dtype)
+        draws, client_state, res = self._sample(ctx, theta, client_state, data, key)
         n = jnp.maximum(data.n, 1).astype(theta.dtype)
         scale = n if self.covariance_scale == "n" else jnp.asarray(self.covariance_scale, theta.dtype)
         sampling = server_state.round >= self.burn_in_rounds
@@ -181,6 +231,13 @@ class FedPA(Algorithm, ServerOptimizer):
         prec = float(ctx.num_rows) * weighted_mean(precs, weights, mask)
         return FedPAState(params, opt_state, server_state.round + 1, prec)
 
+    def refresh_local(self, ctx: Context, server_state, client_state, data, key):
+        """``(state, finite)``: the client's local conditional regressed on a fresh run of its sampler
+        from the final server point (a run that is not finite keeps the previous conditional)."""
+        _, new, _ = self._sample(ctx, server_state.params, client_state, data, key)
+        ok = finite_flag(new)
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, client_state), ok
+
     def update_part(self, ctx: Context, message):
         """The delta (the precision diagonal is not an update)."""
         return message[0]
@@ -191,7 +248,10 @@ class FedPA(Algorithm, ServerOptimizer):
 
     def gaussian_fits(self, ctx: Context, server_state, client_states, data):
         """The global Gaussian against each client's tilted target: the global with the client's
-        ``1/K`` share replaced by its exact sub-posterior, ``q(z)^(1 - 1/K) p0(z)^(1/K) p(D_k | z)``."""
+        ``1/K`` share replaced by its exact sub-posterior, ``q(z)^(1 - 1/K) p0(z)^(1/K) p(D_k | z)``
+        (None with client-local sites: the Gaussian stands for the global block of a joint target)."""
+        if ctx.potential.local_sites:
+            return None
         q = self.posterior(ctx, server_state, client_states).form
         K = ctx.num_clients
         rest = 1.0 - 1.0 / K
@@ -201,9 +261,14 @@ class FedPA(Algorithm, ServerOptimizer):
 
     def posterior(self, ctx: Context, server_state, client_states):
         g = gaussian.from_mean_precision(server_state.params, server_state.precision)
-        return GlobalPosterior(ctx.potential, g, info={
-            "kind": "FedPA: server point with a diagonal Gaussian from the last round's client moments "
-                    "(an approximation)"})
+        info = {"kind": "FedPA: server point with a diagonal Gaussian from the last round's client moments "
+                        "(an approximation)"}
+        local = None
+        if isinstance(client_states, FedPAClient):
+            local = client_states.local
+            info["local_posterior"] = ("each client's local sites given the global ones, regressed on its joint "
+                                       "draws, averaged over the final Gaussian of the global block")
+        return GlobalPosterior(ctx.potential, g, info=info, local=local)
 
 
-__all__ = ["FedPA", "FedPAState", "default_client"]
+__all__ = ["FedPA", "FedPAState", "FedPAClient", "default_client"]

@@ -7,6 +7,13 @@ clients (``prior_weight = 1/K``), optionally plus a proximal term
 minibatches. With ``local_epochs`` the number of steps is
 ``ceil(epochs * n_k / batch_size)`` per client: every client scans the largest
 count and freezes once its own count is reached, so shapes stay fixed.
+
+Client-local sites (``infer={"local": True}``): the client trains the joint
+``w = (w_g, w_l)`` (global block from the server, local block its own); the
+prior share 1/K acts on the global sites only and the proximal term on the
+global block only (``prox_center`` has the global block's length).
+:func:`local_mode` is the client's local block at its conditional mode given a
+fixed global block (full-batch L-BFGS on the local block alone).
 """
 from __future__ import annotations
 
@@ -47,7 +54,9 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
     """Run ``total_steps`` optimiser steps (frozen after ``steps``) from w0.
 
     ``optimizer``: an optax transformation with extra-argument support (see
-    :func:`fedprob.inference.optim.make_optimizer`).
+    :func:`fedprob.inference.optim.make_optimizer`). The proximal term
+    ``(mu/2) ||w[:p] - prox_center||^2`` acts on the first ``p = len(prox_center)``
+    coordinates (the global block of a model with client-local sites).
     Returns (w_final, mean loss of the last step taken).
     """
     target = make_target(data, potential.dim, prior_weight=prior_weight)
@@ -55,7 +64,7 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
     def loss_fn(w, k):
         loss = mean_loss(potential, w, target, k, batch_size)
         if prox_center is not None and mu > 0:
-            loss = loss + 0.5 * mu * jnp.sum((w - prox_center) ** 2)
+            loss = loss + 0.5 * mu * jnp.sum((w[:prox_center.shape[-1]] - prox_center) ** 2)
         return loss
 
     grad_fn = jax.value_and_grad(loss_fn)
@@ -72,3 +81,27 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
     init = (w0, optimizer.init(w0), jnp.zeros((), w0.dtype))
     (w, _, last), _ = jax.lax.scan(step, init, jnp.arange(total_steps))
     return w, last
+
+
+def local_mode(potential, w_g, w_l0, data, num_steps: int = 100):
+    """``(w_l, finite)``: the local block at the mode of ``p(w_l | w_g) p(D_k | w_g, w_l)`` for the fixed
+    global block ``w_g``, by ``num_steps`` full-batch L-BFGS steps from ``w_l0`` (a step whose loss or
+    point is not finite is rejected); ``finite`` is False when no finite point was reached."""
+    target = make_target(data, potential.dim, prior_weight=0.0)
+
+    def loss(w_l):
+        return mean_loss(potential, jnp.concatenate([w_g, w_l]), target)
+
+    tx = optax.lbfgs()
+    vg = optax.value_and_grad_from_state(loss)
+
+    def step(carry, _):
+        w, state = carry
+        value, grad = vg(w, state=state)
+        upd, new_state = tx.update(grad, state, w, value=value, grad=grad, value_fn=loss)
+        new = optax.apply_updates(w, upd)
+        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(new))
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), (new, new_state), (w, state)), None
+
+    (w, _), _ = jax.lax.scan(step, (w_l0, tx.init(w_l0)), None, length=int(num_steps))
+    return w, jnp.isfinite(loss(w)) & jnp.all(jnp.isfinite(w))

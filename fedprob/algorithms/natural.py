@@ -68,9 +68,14 @@ complement ``P_gg - P_gl P_ll^-1 P_lg``) in the loop's family. The client
 keeps its local conditional ``l_k | g`` (mean, slope, covariance) in its
 state; the posterior's local posteriors are those conditionals averaged
 over the final ``q_g`` (exact on linear-Gaussian models). The isotropic
-family (mode only), mean-field clients (IVON, a diagonal SVI guide: their
-global marginal ignores the coupling) and ``rho != 1``, ``alpha < 1`` or
-``tau != 1`` refuse local sites. After the last round ``fp.run`` makes one
+family (mode only) and mean-field clients (IVON, a diagonal SVI guide: their
+global marginal ignores the coupling) refuse local sites. With ``rho != 1`` or
+``tau != 1`` the solve weighs ``log p(l_k | g) + log p(D_k | g, l_k)`` by
+``1 / (rho tau)``: the Laplace marginal of the global block is then that of
+the tempered joint, the Schur complement scaled by ``1 / (rho tau)`` as the
+loop expects, and the conditional's covariance is divided by ``rho`` (the
+local sites tempered by ``1 / tau`` alone, as the model's posterior at that
+temperature). ``alpha < 1`` (BayesADMM) changes only the server's mix. After the last round ``fp.run`` makes one
 more client pass (:meth:`NaturalLoop.refresh_local`): each client solves its
 tilted distribution against the final ``q_g`` and keeps the conditional at
 that joint mode.
@@ -79,6 +84,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, NamedTuple, Optional, Union
 
 import jax
@@ -87,6 +93,7 @@ import numpy as np
 
 from .. import gaussian as gauss
 from ..inference.laplace import Laplace
+from ..inference import laplace_marginal as lm
 from .. import local_sites as loc
 from ..inference.optim import minimize
 from ..posteriors import Gaussian, GlobalPosterior
@@ -139,6 +146,9 @@ def _as_family(g: Gaussian, family: str) -> Gaussian:
 
 #: the most rounds a run of the natural loop takes by default (:meth:`NaturalLoop.rounds_for`)
 MAX_DEFAULT_ROUNDS = 100
+#: the smallest damping ``"auto"`` takes: the step that brings a site to 99% of its client's
+#: curvature within :data:`MAX_DEFAULT_ROUNDS` rounds, ``1 - 0.01^(1/100)`` = 0.045
+AUTO_DAMPING_FLOOR = 1.0 - 0.01 ** (1.0 / MAX_DEFAULT_ROUNDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +164,11 @@ class NaturalLoop(Algorithm):
     rho: weight of ``KL(q || q_g)`` in the client problem; a number, or
         ``"clients"`` for ``1 / K``.
     damping: the site (dual) step gamma_k; a number, ``"size"`` for ``N_k / N``
-        per client, ``"clients"`` for ``1 / K``, or ``"rho"`` for rho's value
-        (alias: ``gamma``, the BayesADMM paper's name).
+        per client, ``"clients"`` for ``1 / K``, ``"auto"`` for ``max(1 / K,``
+        :data:`AUTO_DAMPING_FLOOR` ``)`` (1/K up to 22 clients; above, the step
+        that converges within :data:`MAX_DEFAULT_ROUNDS` rounds: at 1/K, 105
+        clients need about 480 rounds), or ``"rho"`` for rho's value (alias:
+        ``gamma``, the BayesADMM paper's name).
     alpha: server mix; a number in (0, 1], or ``"admm"`` for ``1 / (1 + rho K)``.
     delta: prior precision override (``p0 = N(0, I/delta)``); None: the model prior.
     tau: temperature of the client losses (``l_k / tau``).
@@ -178,6 +191,8 @@ class NaturalLoop(Algorithm):
     gamma: Any = alias_field()
 
     default_rounds = 10
+    #: the local refresh after the last round is a round's client solve (sites and server discarded)
+    refresh_is_a_round = True
 
     def __post_init__(self):
         self._validate()
@@ -196,7 +211,7 @@ class NaturalLoop(Algorithm):
                                  "client=None or a Laplace backend (its optimizer settings are used)")
         if self.rho != "clients":
             _check_positive("rho", self.rho)
-        if self.damping not in ("size", "clients", "rho"):
+        if self.damping not in ("size", "clients", "auto", "rho"):
             _check_positive("damping", self.damping)
         if self.alpha != "admm":
             if isinstance(self.alpha, str) or not 0.0 < float(self.alpha) <= 1.0:
@@ -234,9 +249,6 @@ class NaturalLoop(Algorithm):
                     "the local sites, and its global marginal comes out far too narrow (sd 0.32 of the "
                     "exact one on a normal-normal hierarchy); use Laplace clients (the default) or a "
                     "full-covariance guide (SVI(guide='full'))")
-        if self.rho != 1.0 or self.alpha != 1.0 or self.tau != 1.0:
-            return (f"{type(self).__name__} with rho={self.rho!r}, alpha={self.alpha!r}, tau={self.tau!r} "
-                    "does not take client-local sites yet (rho = alpha = tau = 1 does: PVI)")
         return None
 
     def _rho(self, num_clients: int) -> float:
@@ -256,6 +268,8 @@ class NaturalLoop(Algorithm):
             return n / float(num_rows)
         if self.damping == "clients":
             return 1.0 / num_clients
+        if self.damping == "auto":
+            return max(1.0 / num_clients, AUTO_DAMPING_FLOOR)
         if self.damping == "rho":
             return self._rho(num_clients)
         return float(self.damping)
@@ -283,7 +297,14 @@ class NaturalLoop(Algorithm):
         g = float(np.min(self._gamma(K, sizes.sum(), sizes)))
         if g >= 1.0:
             return int(self.default_rounds)
-        need = math.ceil((K / M) * math.log(0.01) / math.log1p(-g)) if g > 0 else MAX_DEFAULT_ROUNDS
+        need = math.ceil((K / M) * math.log(0.01) / math.log1p(-g) - 1e-9) if g > 0 else MAX_DEFAULT_ROUNDS
+        if need > MAX_DEFAULT_ROUNDS:
+            reached = 1.0 - (1.0 - g) ** (MAX_DEFAULT_ROUNDS * M / K)
+            warnings.warn(
+                f"{type(self).__name__}: the default {MAX_DEFAULT_ROUNDS} rounds bring each site to "
+                f"{100 * reached:.0f}% of its client's curvature at damping {g:.3g} ({need} rounds reach 99%): "
+                f"the posterior will be too wide. Pass rounds={need}, or a larger damping where the "
+                "clients' solves are stable", RuntimeWarning, stacklevel=4)
         return int(min(max(need, self.default_rounds), MAX_DEFAULT_ROUNDS))
 
     # -- protocol ---------------------------------------------------------------------------
@@ -322,11 +343,20 @@ class NaturalLoop(Algorithm):
         if local is not None:
             extra = {} if max_steps is None else {"max_steps": max_steps}
             start = jnp.concatenate([server.start, local.mean.astype(server.start.dtype)])
-            res = self.joint_backend(ctx.potential).run(key, ctx.potential, target, start, **extra)
+            backend = self.joint_backend(ctx.potential)
             dg = ctx.potential.dim_global
-            mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
-            marginal, cond = loc.split_joint(res.posterior, mean, dg)
-            diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
+            if isinstance(backend, Laplace) and backend.local == "marginal" and lm.applies(ctx.potential):
+                marginal, mode, cond, diag = lm.laplace_marginal(ctx.potential, target, start,
+                                                                 min_precision=backend.min_precision)
+                mean, diag = mode, {"grad_norm": diag["grad_norm"], "loss": diag["loss"]}
+            else:
+                res = backend.run(key, ctx.potential, target, start, **extra)
+                mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
+                marginal, cond = loc.split_joint(res.posterior, mean, dg)
+                diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
+            # the solve tempers the local sites with the likelihood by 1/(rho tau); their conditional is
+            # the model's tempered by 1/tau alone (the KL weight rho belongs to the global block)
+            cond = cond._replace(cov=cond.cov / self.rho_value(ctx))
             return _as_family(marginal, self.family), mean[:dg], diag, cond
         if self.family == "isotropic":
             res = minimize(ctx.potential, target, server.start, key=key, num_steps=backend.num_steps,
@@ -448,6 +478,7 @@ class Configured(Algorithm):
     :meth:`loop` returns the :class:`NaturalLoop` it is; every protocol method is the loop's."""
 
     default_rounds = 10
+    refresh_is_a_round = True
 
     def loop(self) -> NaturalLoop:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -62,6 +62,16 @@ received (masked clients are left out)::
 The global object is an ensemble of the clients' draws: ``sample`` returns
 draws of the union of the client samples (every client equally), ``mean``
 their mean; there is no single parameter posterior behind ``predict``.
+
+Client-local sites (``infer={"local": True}``): as for
+:mod:`fedprob.algorithms.ensemble`, clients send joint draws of the global
+sites and their own local sites. ``predict(X, client=k)`` is client k's own
+posterior predictive (its joint draws, averaged; no product: the other
+clients' draws carry no local sites of client k), and ``predict(X)``
+(``client=None``) a new client's: each client's predictive with its draws'
+local blocks replaced by draws from the local sites' conditional prior given
+the global block, pooled by the rules above, the prior predictive a new
+client's under the prior.
 """
 from __future__ import annotations
 
@@ -251,7 +261,7 @@ class PredictiveBayesPosterior(EnsemblePosterior):
         """(product, mixture) at X: log probabilities (n, C) each, or (mean, var) pairs."""
         X = inputs.as_jax(X)
         prior = self.prior_draws if self.num_clients > 1 else None
-        product, mixture, count = _components(self.potential, self.regression, self.client_draws,
+        product, mixture, count = _components(self.potential, self.regression, self.predictive_draws()[0],
                                               self.mixture_weights, prior, X,
                                               jnp.asarray(self.uniform_tolerance, jnp.result_type(float)))
         count = int(count)
@@ -265,7 +275,11 @@ class PredictiveBayesPosterior(EnsemblePosterior):
                           "(see posterior.info['guarded_points'])", RuntimeWarning, stacklevel=3)
         return product, mixture
 
-    def predict(self, X):
+    def predict(self, X, client=None):
+        """The pooled predictive (module docstring); with client-local sites ``client=k`` is client k's
+        own posterior predictive and ``None`` (default) a new client's, pooled."""
+        if client is not None:
+            return super().predict(X, client)
         if self.pooling == "beta" and self.beta is None:
             raise ValueError("pooling='beta' needs beta: call posterior.fit_beta(X_val, y_val) first or "
                              "pass beta= to PredictiveBayes")
@@ -279,9 +293,12 @@ class PredictiveBayesPosterior(EnsemblePosterior):
             return jnp.exp(product)
         return product
 
-    def log_predictive_density(self, X, y):
+    def log_predictive_density(self, X, y, client=None):
         """(n,) log density of ``y`` under :meth:`predict` (a pooled product of predictives:
-        class probabilities, or a Gaussian in regression; not a mixture over draws)."""
+        class probabilities, or a Gaussian in regression; not a mixture over draws); ``client=k``: the
+        exact mixture density of client k's own draws."""
+        if client is not None:
+            return super().log_predictive_density(X, y, client)
         return log_predictive_density(self.potential.task, self.predict(X), y)
 
     def fit_beta(self, X_val, y_val, tol: float = 1e-6) -> float:
@@ -380,6 +397,14 @@ class PredictiveBayes(OneRoundAlgorithm):
 
     def make_message(self, ctx, result, key):
         return {"draws": result_draws(result, key, self.num_samples)}
+
+    def local_sites_refusal(self, potential):
+        """None: clients send joint draws, each keeping its own local posterior (module docstring)."""
+        return None
+
+    def split_local(self, ctx: Context, result):
+        """The joint result, unsplit: the server keeps each client's joint draws."""
+        return result, None
 
     def check_message(self, ctx, shapes) -> None:
         """Refuse, before anything runs, a likelihood with no predictive distribution to multiply."""

@@ -2,4 +2,4 @@
 from .federated import FederatedData
 from .partition import SCHEMES, group_ids, partition, partition_indices
 from .loaders import Dataset, load_digits, load_fashion_mnist, load_mnist, read_idx
-from .uci import load_credit_approval, load_heart_disease, load_uci
+from .uci import load_bike_weeks, load_credit_approval, load_heart_disease, load_uci

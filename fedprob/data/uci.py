@@ -348,3 +348,51 @@ def load_heart_disease(root, *, test_fraction: float = 0.34, seed: int = 0, miss
 _KEEP_IS_DISCRETE = [j in _HEART_DISCRETE for j in _HEART_KEEP]
 
 __all__ = ["load_uci", "load_credit_approval", "load_heart_disease", "REGRESSION_SETS", "HEART_CENTERS"]
+
+
+# ----------------------------------------------------------------------------- bike sharing by week
+
+BIKE_WEEK_FEATURES = ("temp", "workingday")
+
+
+def load_bike_weeks(root, *, test_per_week: int = 2, seed: int = 0,
+                    features: tuple = BIKE_WEEK_FEATURES) -> Dataset:
+    """UCI Bike Sharing (``day.csv``) as a grouped federation: one client per calendar week.
+
+    731 days -> 105 weeks of 7 days (the last one 3 days): a hierarchical
+    regression problem with many small clients. Per week, ``test_per_week``
+    days drawn with ``seed`` are held out (weeks of fewer than 5 days keep
+    all their days for training): 523 train rows (5 per full week) and 208
+    test rows at the default. Target: ``log(cnt)`` standardized with the train
+    rows' mean and std (``y_mean``/``y_std`` undo it, to log counts).
+    Inputs: ``features`` (columns of day.csv; default temperature and the
+    working-day flag) standardized with the train rows' statistics.
+    ``group_train``/``group_test`` hold each row's week (0..104),
+    ``group_names`` the week's first date.
+    """
+    header, rows = _read_csv(_locate(root, "uci_bike_sharing", "day.csv"))
+    missing = [c for c in features if c not in header]
+    if missing:
+        raise ValueError(f"unknown bike_sharing column(s) {missing}; choose from {header}")
+    if int(test_per_week) < 0 or int(test_per_week) > 4:
+        raise ValueError(f"test_per_week must lie in [0, 4] (a week keeps at least 3 train days), got "
+                         f"{test_per_week!r}")
+    X = _to_float(rows, [header.index(c) for c in features])
+    y = np.log(_to_float(rows, [header.index("cnt")])[:, 0])
+    week = np.arange(len(rows)) // 7
+    rng = np.random.default_rng(seed)
+    is_test = np.zeros(len(rows), bool)
+    for k in range(int(week.max()) + 1):
+        idx = np.flatnonzero(week == k)
+        if len(idx) >= 5:
+            is_test[rng.choice(idx, int(test_per_week), replace=False)] = True
+    tr, te = ~is_test, is_test
+    mu, sd = X[tr].mean(0), _safe_std(X[tr].std(0))
+    y_mu, y_sd = float(y[tr].mean()), float(y[tr].std())
+    names = tuple(rows[int(np.flatnonzero(week == k)[0])][header.index("dteday")].strip()
+                  for k in range(int(week.max()) + 1))
+    return Dataset(((X[tr] - mu) / sd).astype(np.float32), ((y[tr] - y_mu) / y_sd).astype(np.float32),
+                   ((X[te] - mu) / sd).astype(np.float32), ((y[te] - y_mu) / y_sd).astype(np.float32),
+                   num_classes=None, feature_names=tuple(features), name="bike_weeks",
+                   group_train=week[tr].astype(np.int32), group_test=week[te].astype(np.int32),
+                   group_names=names, y_mean=y_mu, y_std=y_sd)

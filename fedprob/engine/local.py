@@ -77,13 +77,28 @@ class RoundInfo(NamedTuple):
     screen: Optional[faults_mod.Screen] = None   # per-client dropout / straggler / steps / finite / norm
 
 
-def refresh_local(algorithm, ctx: Context, server, clients, data, key):
+def refresh_local(algorithm, ctx: Context, server, clients, data, key, step=None):
     """``(clients, info)``: every client's local posterior re-taken against the final server state
     (``algorithm.refresh_local``, one more client pass vmapped over all K clients; sites unchanged),
-    for a model with client-local sites; ``(clients, None)`` when there is nothing to refresh."""
+    for a model with client-local sites; ``(clients, None)`` when there is nothing to refresh.
+
+    ``step``: the run's compiled round ``(server, clients, key) -> (server, clients, info)``, given
+    when every client takes part in a round, for an algorithm whose ``refresh_is_a_round`` is True
+    (the natural loop: its refresh is its round's client solve). The client pass is then that round's (the same client
+    solve against the final ``q_g``, compiled once for the run) with its server state and sites
+    discarded: only the clients' local conditionals are kept, so no second program is compiled."""
     if not ctx.potential.local_sites or not hasattr(algorithm, "refresh_local"):
         return clients, None
     t0 = time.perf_counter()
+    if step is not None and getattr(algorithm, "refresh_is_a_round", False):
+        _, stepped, _ = step(server, clients, key)
+        new = stepped.local
+        ok = jax.vmap(finite_flag)(new)
+        new = _where_tree(ok, new, clients.local)
+        clients = clients._replace(local=new)
+        ok = np.asarray(jax.block_until_ready(ok))
+        return clients, {"time_s": time.perf_counter() - t0, "clients": int(ctx.num_clients),
+                         "not_finite": np.flatnonzero(~ok).tolist(), "compiled_round": True}
 
     @jax.jit
     def one_pass(server, clients, data, key):
