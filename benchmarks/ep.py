@@ -18,13 +18,17 @@ Rows:
 * ``NUTS (pooled program)``: wall time of a compiled run (the second call);
 * ``EPMCMC, 1 round``: the compiled round (every client's NUTS, vmapped, and
   its message), the median of 3 calls;
-* ``EP``: ``fp.algorithms.EP()`` at its defaults (Stein moments, damping 1/K
-  after averaging first steps), and ``EP(moments="sample")``, run round by
-  round with the local engine's round function; the median round time, the
-  rounds to convergence (the first round from which on the global mean stays
-  within 0.05 posterior sd of the exact one and its sd within 2%), the time to
-  get there, and the error of the final answer (global mean in posterior sds,
-  sd ratio; the worst client's local mean and sd).
+* ``EP``: ``fp.algorithms.EP()`` at its defaults (Stein moments, damping
+  ``"auto"``: 1/K up to 22 clients, 0.045 above; averaging first steps),
+  ``EP(moments="sample")`` (sample covariances) and ``EP(average=False)``
+  (every step the damping, as PVI), run round by round with
+  the local engine's round function for EP's default number of rounds; the
+  median round time, the rounds to convergence (the first round from which on
+  the global mean stays within 0.05 posterior sd of the exact one and its sd
+  within 2%), the time to get there, the time of the default run
+  (``run_s``: rounds x round time), and the error of the final answer (global
+  mean in posterior sds, sd ratio; the worst client's local mean and sd, after
+  the final refresh of the local posteriors).
 
 Target (the issue): an EP round costs at most twice an EPMCMC round.
 
@@ -190,7 +194,7 @@ def run_ep(algo, model, fed, exact, rounds: int) -> dict:
     lr = np.asarray(post.local_sd[name]) / exact[1:, 1]
     med = float(np.median(times))
     return {"round_s": med, "compile_s": compile_s, "rounds": rounds, "rounds_to_converge": converged,
-            "time_to_converge_s": None if converged is None else converged * med,
+            "time_to_converge_s": None if converged is None else converged * med, "run_s": rounds * med,
             "global_mean_err_sd": z[-1], "global_sd_ratio": ratio[-1],
             "local_mean_err_sd_max": float(np.abs(lz).max()),
             "local_sd_ratio_min": float(lr.min()), "local_sd_ratio_max": float(lr.max())}
@@ -209,7 +213,10 @@ def main(argv=None) -> dict:
         epmcmc_s = epmcmc_round_time(model, fed)
         default_rounds = fp.algorithms.EP().rounds_for(K, fed.sizes, K)
         rounds = 6 if args.quick else default_rounds
-        for label, algo in [("EP", fp.algorithms.EP()), ("EP(moments='sample')", fp.algorithms.EP(moments="sample"))]:
+        methods = [("EP", fp.algorithms.EP()), ("EP(moments='sample')", fp.algorithms.EP(moments="sample"))]
+        if not args.quick:
+            methods.append(("EP(average=False)", fp.algorithms.EP(average=False)))
+        for label, algo in methods:
             r = run_ep(algo, model, fed, exact, rounds)
             row = {"problem": f"{name}, {K} clients", "method": label, "default_rounds": default_rounds,
                    "nuts_pooled_s": nuts_s, "epmcmc_round_s": epmcmc_s, **r,
@@ -219,7 +226,7 @@ def main(argv=None) -> dict:
             rows.append(row)
             print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
     cols = ["problem", "method", "nuts_pooled_s", "epmcmc_round_s", "round_s", "round_over_epmcmc_round",
-            "rounds_to_converge", "rounds", "time_to_converge_s", "converge_over_nuts_pooled",
+            "rounds_to_converge", "rounds", "time_to_converge_s", "converge_over_nuts_pooled", "run_s",
             "global_mean_err_sd", "global_sd_ratio", "local_mean_err_sd_max", "local_sd_ratio_min",
             "local_sd_ratio_max"]
 
@@ -242,7 +249,8 @@ def main(argv=None) -> dict:
             "`python benchmarks/ep.py` (module docstring: problems, settings, definitions). Times in seconds "
             "on " + platform.machine() + " CPU, compiled programs (compile times excluded): `nuts_pooled_s` "
             "NumPyro NUTS (500 + 500) on the pooled hierarchical program; `epmcmc_round_s` one EPMCMC round "
-            "(every client's NUTS, same settings); `round_s` EP's median round. `rounds_to_converge`: the "
+            "(every client's NUTS, same settings); `round_s` EP's median round; `run_s` its default run (rounds x "
+            "`round_s`). `rounds_to_converge`: the "
             "first round from which on the global mean stays within 0.05 posterior sd of the exact one and "
             "its sd within 2% (`not within`: not by the last round); `rounds` the rounds run (EP's "
             "default). Errors of the final answer against the exact posterior (dense solve; quadrature for "

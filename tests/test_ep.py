@@ -15,7 +15,7 @@ import fedprob as fp
 from conftest import linreg_exact_posterior, linreg_federation, linreg_model
 from fedprob.algorithms import EP, PVI
 from fedprob.algorithms.base import Context
-from fedprob.algorithms.ep import EPClient, TiltedLoop, clip_site, stein_site, unbiased_precision
+from fedprob.algorithms.ep import TiltedLoop, clip_site, stein_site, unbiased_precision
 from fedprob.algorithms.natural import NaturalServer
 from fedprob.inference import NUTS, Laplace
 from fedprob.posteriors import Gaussian
@@ -165,7 +165,8 @@ def test_stein_sites_are_exact_for_gaussian_h_and_match_quadrature_otherwise():
     grads = jax.vmap(lambda z: jax.grad(pot.log_density)(z, h))(draws)
     site, _ = stein_site(draws, grads, 1, False)
     g, lg = np.meshgrid(np.linspace(-4, 4, 801), np.linspace(-7, 5, 1201), indexing="ij")
-    logp = -0.5 * Pc * (g - mc) ** 2 + norm.logpdf(lg, g, 0.5) + poisson.logpmf(y[None, None, :], np.exp(lg)[..., None]).sum(-1)
+    logp = (-0.5 * Pc * (g - mc) ** 2 + norm.logpdf(lg, g, 0.5)
+            + poisson.logpmf(y[None, None, :], np.exp(lg)[..., None]).sum(-1))
     w = np.exp(logp - logp.max())
     w /= w.sum()
     m = (w * g).sum()
@@ -338,3 +339,28 @@ def test_sample_moments_match_within_monte_carlo_error():
     assert abs(float(np.sqrt(post.form.variance()[0])) / exact[0, 1] - 1) < 0.12
     ratio = np.asarray(post.local_sd["l"]) / exact[1:, 1]
     assert np.all(np.abs(ratio - 1) < 0.15), ratio
+
+
+def test_a_diverging_client_is_left_out_and_reported():
+    """A client whose tilted moments are not finite (here forced: client 0, 3 rows) sends a non-finite
+    update: every round leaves it out and names it in ``excluded``, its site stays at zero, and the
+    other clients' answer is the exact posterior given their rows."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Diverging(TiltedLoop):
+        def sample_tilted(self, ctx, server, cavity, data, key, local=None):
+            fit, cond, diag = super().sample_tilted(ctx, server, cavity, data, key, local)
+            bad = data.n == 3
+            return jax.tree_util.tree_map(lambda a: jnp.where(bad, jnp.nan, a), fit), cond, diag
+
+    fed, clients = federation()
+    with pytest.warns(RuntimeWarning, match="left clients out of the aggregate"):
+        res = fp.run(Diverging(client=NUTS(), family="full", damping="clients"), normal_normal, fed, rounds=3,
+                     progress=False)
+    assert [h["excluded"] for h in res.history] == [[0], [0], [0]]
+    assert all(h["server_update_ok"] for h in res.history)
+    assert float(res.client_states.site.precision[0, 0, 0]) == 0.0 and float(res.client_states.updates[0]) == 0.0
+    mean, cov = exact_joint(clients[1:])
+    np.testing.assert_allclose(res.posterior.form.mean()[0], mean[0], atol=1e-3 * np.sqrt(cov[0, 0]))
+    np.testing.assert_allclose(res.posterior.form.variance()[0], cov[0, 0], rtol=2e-3)

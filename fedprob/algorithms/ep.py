@@ -65,9 +65,9 @@ Steps (``damping``, ``average``). With ``average=True`` (the default) client
 k's n-th accepted update steps by ``max(d_k, 1/n)``: its first site is its
 tilted Gaussian over its cavity (in the first round, against the prior: the
 parametric EPMCMC product), and its next ones average its estimates until
-the step reaches the damping ``d_k`` (1/K by default), which then averages
-the Monte Carlo noise of the last ~``2 / d_k`` rounds and forgets older
-cavities. With ``average=False`` every step is ``d_k``, as in PVI.
+the step reaches the damping ``d_k`` (PVI's ``"auto"`` by default: 1/K up
+to 22 clients, 0.045 above), which then averages the Monte Carlo noise of
+the last ~``2 / d_k`` rounds and forgets older cavities. With ``average=False`` every step is ``d_k``, as in PVI.
 
 Positive definiteness (Vehtari et al. Sec. 5). EP sites may have negative
 precision (a tilted distribution wider than its cavity: non-log-concave
@@ -134,7 +134,7 @@ from .. import local_sites as loc
 from ..inference import NUTS
 from ..posteriors import Gaussian
 from ..potential import make_target
-from ..protocols import DRAW_STATS, ClientBackend, finite_flag, run_chains
+from ..protocols import ClientBackend, finite_flag, run_chains
 from .aliases import resolve_family, take_alias
 from .base import Context
 from .messages import draws_ess
@@ -190,7 +190,7 @@ def stein_site(x: Array, grads: Array, dim_global: int, diag: bool, jitter: floa
     mx, mgrad = jnp.mean(x, 0), jnp.mean(grads, 0)
     cx, cgrad = x - mx, grads - mgrad
     if diag:
-        g, cg, cgg = x[:, :dg], cx[:, :dg], cgrad[:, :dg]
+        cg, cgg = cx[:, :dg], cgrad[:, :dg]
         var = jnp.sum(cg * cg, 0) / (S - 1)
         T = -(jnp.sum(cgg * cg, 0) / (S - 1)) / (var * (1.0 + jitter))
         cond = None if d == dg else loc.conditional_from_draws(x, dg)
@@ -465,14 +465,18 @@ class EP(Configured):
 
     client: the backend; a sampler (NUTS, HMC, SGLD, SGHMC, ...; None: ``NUTS()``) gives EP with
     tilted moments, a Gaussian backend (Laplace, SVI, IVON, VON) gives :class:`PVI` with the same
-    damping and family. damping: the site step in (0, 1], ``"auto"`` (the default, as PVI's:
-    1/K up to 22 clients, 0.045 above, so the default rounds converge), ``"clients"`` (1/K: the
-    global stays positive definite without halving, and the Monte Carlo noise of the moments is
-    averaged over rounds) or ``"size"`` (N_k / N). family: ``"full"`` or ``"diag"`` (None: ``"full"``
-    for samplers, the backend's own for Gaussian clients). delta: prior precision override
-    (``N(0, I/delta)``; None: the model's prior). positive_sites: clip negative site precisions at 0
-    (sampling clients). jitter: added to the tilted sample covariances, relative to their mean
-    variance (sampling clients). prediction / num_predictive_draws: as for PVI.
+    damping and family. damping: the site step (its floor when averaging) in (0, 1], ``"auto"``
+    (the default, as PVI's: 1/K up to 22 clients, 0.045 above, so the default rounds converge),
+    ``"clients"`` (1/K: after the first steps the global stays positive definite without halving,
+    and the Monte Carlo noise of the moments is averaged over rounds) or ``"size"`` (N_k / N).
+    family: ``"full"`` or ``"diag"`` (None: ``"full"`` for samplers, the backend's own for Gaussian
+    clients). delta: prior precision override (``N(0, I/delta)``; None: the model's prior).
+    Sampling clients only: average: a client's n-th update steps by ``max(damping, 1/n)`` (True,
+    the default) or by ``damping`` (False, as PVI); moments: ``"stein"`` (the default: regression
+    of the log-likelihood gradients on the draws) or ``"sample"`` (sample covariances);
+    positive_sites: clip negative site precisions at 0; jitter: added to the draws' covariances,
+    relative to each coordinate's (``"stein"``) or their mean (``"sample"``) variance.
+    prediction / num_predictive_draws: as for PVI.
     """
 
     client: Any = None
@@ -522,4 +526,5 @@ class EP(Configured):
                           jitter=float(self.jitter))
 
 
-__all__ = ["EP", "EPClient", "TiltedLoop", "unbiased_precision", "variance_ess", "stein_site", "MOMENTS", "clip_site", "step_scale"]
+__all__ = ["EP", "EPClient", "TiltedLoop", "MOMENTS", "stein_site", "unbiased_precision", "variance_ess", "clip_site",
+           "step_scale"]
