@@ -74,9 +74,14 @@ def padded_correlated_client(seed, n, n_max, w_true, sigma):
 def pytest_configure(config):
     """Compiled programs go to JAX's persistent compilation cache under the pytest cache
     (``.pytest_cache/d/jax-compilation-cache``), so a second run loads what the first compiled;
-    ``FEDPROB_COMPILATION_CACHE=off`` switches it off (see fedprob.compile_cache)."""
+    ``FEDPROB_COMPILATION_CACHE=off`` switches it off (see fedprob.compile_cache). The directory is passed
+    on in ``FEDPROB_COMPILATION_CACHE``, so ``fedprob demo`` / ``fedprob run`` called by a test and the
+    processes a test starts use it too."""
     from fedprob import compile_cache
 
     cache = getattr(config, "cache", None)
-    if cache is not None:
-        compile_cache.enable(cache.mkdir("jax-compilation-cache"))
+    if cache is not None and compile_cache.cache_dir() is not None:
+        path = compile_cache.enable(cache.mkdir("jax-compilation-cache"))
+        # the same directory for `fedprob demo/run` called in a test and for the processes a test starts
+        # (notebook kernels, Flower nodes, multi-host workers): nothing is written under the user's home
+        os.environ[compile_cache.ENV] = str(path)

@@ -314,12 +314,13 @@ def test_deployment_engine_with_tls_and_node_authentication(federation):
     stranger.wait(timeout=120)
     assert stranger.returncode != 0
     assert "Failed to activate SuperNode" in f.log("node_3")
-    # PVI, 4 rounds, through `flwr run`: the local engine's answer
-    out, run, post, dep, hist = _run_app(f, tmp, "pvi", {"name": "PVI", "rounds": 4})
-    assert "fedprob: round 4/4 done" in out            # progress streams to the flwr run terminal
-    local = fp.run(fp.algorithms.PVI(), _model(), fed, rounds=4, seed=0, progress=False)
+    # PVI, 2 rounds (the second with the nodes' kept client update), through `flwr run`: the local
+    # engine's answer
+    out, run, post, dep, hist = _run_app(f, tmp, "pvi", {"name": "PVI", "rounds": 2})
+    assert "fedprob: round 2/2 done" in out            # progress streams to the flwr run terminal
+    local = fp.run(fp.algorithms.PVI(), _model(), fed, rounds=2, seed=0, progress=False)
     np.testing.assert_allclose(post["mean/w"], np.asarray(local.posterior.mean["w"]), rtol=1e-4, atol=1e-5)
-    assert [h["round"] for h in hist] == [1, 2, 3, 4] and sorted(dep["client_sizes"]) == sorted(SIZES)
+    assert [h["round"] for h in hist] == [1, 2] and sorted(dep["client_sizes"]) == sorted(SIZES)
     assert sorted(dep["nodes"]) == sorted(f.node_ids.values())
     _no_row_dimension(dep)
     from fedprob.rundir import load_runs
@@ -339,7 +340,11 @@ def test_deployment_engine_with_tls_and_node_authentication(federation):
 ROUNDS_STOPPED = 15      # a round takes about a second: room for the node's process to come back
 
 
+@pytest.mark.slow
 def test_a_stopped_supernode_is_left_out_and_catches_up(federation):
+    """Slow (70 s: 15 real rounds, so the node's process has time to come back). Its default-run version
+    is test_missing_and_malformed_replies_follow_the_policy: the same strategy, a reply missing in
+    round 2, the node left out, then sent its kept state and included again."""
     f, fed, tmp = federation
     f.wait_online(3, timeout=120)
 
