@@ -211,13 +211,14 @@ _constrain_all_jit = jax.jit(lambda potential, z: jax.vmap(potential.constrain_a
 def mixture_log_density(potential, draws: Array, X, y, chunk: int = 64) -> Array:
     """(n,) ``log (1/S) sum_s p(y_i | x_i, w_s)``: the log density of the draws' predictive mixture.
 
-    Exact for any likelihood (classification, regression, counts); unlike a
+    Exact for any likelihood (classification, regression, counts; a masked one is scored
+    unmasked, :meth:`Potential.predictive_log_likelihood`); unlike a
     Gaussian fitted to the mixture's mean and variance it keeps multimodal
     and heavy-tailed predictives. Computed per draw in log space (logsumexp),
     streamed over the draws in chunks of ``chunk``.
     """
     draws = jnp.atleast_2d(draws)
-    ll = jax.lax.map(lambda z: potential.pointwise_log_likelihood(z, X, y), draws, batch_size=chunk)
+    ll = jax.lax.map(lambda z: potential.predictive_log_likelihood(z, X, y), draws, batch_size=chunk)
     return logsumexp(ll, axis=0) - jnp.log(draws.shape[0])
 
 

@@ -373,6 +373,7 @@ class Potential:
         self.prior_factors = tuple(prior_factors)
         #: ``numpyro.factor`` sites inside the data plate: a likelihood with no predictive distribution
         self.likelihood_factors = tuple(factors)
+        self._masked = None
         #: ``numpyro.deterministic`` sites outside the data plate: functions of the parameters alone,
         #: reported beside the latent sites by :meth:`constrain_all` (per-row ones depend on inputs)
         self.deterministic = tuple(deterministic)
@@ -718,9 +719,30 @@ class Potential:
 
     # -- prediction -----------------------------------------------------------------------
     def predictive_distribution(self, z: Array, X):
-        """The NumPyro distribution of the (first) observed site at inputs X."""
+        """The NumPyro distribution of the (first) observed site at inputs X, with any ``.mask(...)``
+        removed: a mask leaves rows out of the fit; the predictive of y at a row is the unmasked
+        distribution."""
         tr = self._trace_with(self.unravel(z), X, None, {})
-        return tr[self.observed[0]]["fn"]
+        return _unmasked(tr[self.observed[0]]["fn"])
+
+    @property
+    def masked_likelihood(self) -> bool:
+        """Whether the observed site's distribution carries a ``.mask(...)`` (found on one trace)."""
+        if self._masked is None:
+            if self.likelihood_factors:
+                self._masked = False
+            else:
+                tr = self._trace_with(self.unravel(jnp.zeros((self.dim,))), self.example_X(), None, {})
+                fn = tr[self.observed[0]]["fn"]
+                self._masked = _unmasked(fn) is not fn
+        return self._masked
+
+    def predictive_log_likelihood(self, z: Array, X, y) -> Array:
+        """(n,) log p(y_i | x_i, z) under the predictive: :meth:`pointwise_log_likelihood`, except that a
+        masked likelihood is scored unmasked (:meth:`predictive_distribution`)."""
+        if self.masked_likelihood:
+            return self.predictive_distribution(z, X).log_prob(y)
+        return self.pointwise_log_likelihood(z, X, y)
 
     def predict(self, z: Array, X):
         """Per-parameter predictive at inputs X.
@@ -734,6 +756,13 @@ class Potential:
             lp = fn.log_prob(vals)            # (C, n)
             return jnp.moveaxis(lp, 0, -1)
         return fn.mean, fn.variance
+
+
+def _unmasked(fn):
+    """``fn`` without its ``MaskedDistribution`` wrappers."""
+    while isinstance(fn, dist.MaskedDistribution):
+        fn = fn.base_dist
+    return fn
 
 
 def _freeze(value):

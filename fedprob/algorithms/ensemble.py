@@ -7,7 +7,10 @@ default: each client counts by its data) or ``pi_k = 1/K'``
 (``weighting="uniform"``), over the K' clients received (masked clients are
 left out). Its predictive is the same mixture of client predictives:
 classification probabilities ``sum_k pi_k p(y | x, D_k)``; regression the
-mixture's mean and variance (law of total variance, noise included).
+mixture's mean and variance (law of total variance, noise included); where
+some draws' predictive has no finite mean or variance (heavy tails), those of
+the mixture restricted to a grid of y (:mod:`fedprob.algorithms.predictive_grid`,
+with a warning). ``log_predictive_density`` is the mixture's exact density.
 
 This is a baseline, not the Bayesian posterior: a mixture of client
 posteriors is as wide as the widest client, where the global posterior is
@@ -30,6 +33,7 @@ clients as above (pooled as products by PredictiveBayes).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from functools import partial
 
 import jax
@@ -40,6 +44,7 @@ from jax.scipy.special import logsumexp
 from .. import inputs
 from ..posteriors import GlobalPosterior, Samples, _average_predictions_jit, _mixture_log_density_jit, mixture_log_density
 from ..inference import CyclicalSGHMC
+from . import predictive_grid
 from .base import Context
 from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
 
@@ -220,7 +225,41 @@ class EnsemblePosterior(GlobalPosterior):
         mixed, own = self.predictive_draws(client)
         if own is not None:
             return _average_predictions_jit(self.potential, own, inputs.as_jax(X), 64)
-        return _mixture_predict(self.potential, mixed, self.mixture_weights, inputs.as_jax(X))
+        X = inputs.as_jax(X)
+        if self.potential.task == "classification":
+            return _mixture_predict(self.potential, mixed, self.mixture_weights, X)
+        cp = client_predictive(self.potential, mixed, X)
+        if predictive_grid.moments_finite(cp):
+            return mixture_prediction(self.potential.task, cp, self.mixture_weights)
+        points, lp, _ = self.grid_parts(X, mixed, prior_draws=None)
+        _, mean, var = predictive_grid.normalise(predictive_grid.pooled(lp, self.mixture_weights, None, 0.0),
+                                                 points)
+        return mean, var
+
+    def grid_parts(self, X, draws, prior_draws):
+        """``(points (G, n), client log densities there (K, G, n), prior predictive's (G, n) or None)``
+        for a likelihood without finite moments (:mod:`fedprob.algorithms.predictive_grid`); warns once
+        per posterior."""
+        name = type(self).__name__.replace("Posterior", "")
+        predictive_grid.check_grid_applies(self.potential, name)
+        if not self.info.get("predictive_grid"):
+            self.info["predictive_grid"] = predictive_grid.GRID_SIZE
+            fn = type(self.potential.predictive_distribution(draws[0, 0], X)).__name__
+            warnings.warn(
+                f"{name}: the predictive of site '{self.potential.observed[0]}' ({fn}) has no finite mean or "
+                "variance under some client draws (heavy tails), so the predictive is computed on a grid of "
+                f"{predictive_grid.GRID_SIZE} values of y per row, between the {100 * predictive_grid.TAIL:g}% "
+                f"and {100 - 100 * predictive_grid.TAIL:g}% quantiles of predictive draws widened by "
+                f"{predictive_grid.PAD:g} of their range on each side: predict's mean and variance are those of the predictive "
+                "restricted to that range (posterior.info['predictive_grid'])", RuntimeWarning, stacklevel=3)
+        K, S, d = draws.shape
+        points = predictive_grid.grid(self.potential, draws.reshape(K * S, d), predictive_grid.GRID_SIZE, X,
+                                      jax.random.fold_in(self._key, 5))
+        lp = predictive_grid.client_log_pdf(self.potential, draws, X, points)
+        lp0 = None
+        if prior_draws is not None:
+            lp0 = predictive_grid.client_log_pdf(self.potential, prior_draws[None], X, points)[0]
+        return points, lp, lp0
 
     def log_predictive_density(self, X, y, client=None):
         """(n,) ``log sum_k pi_k (1/S) sum_j p(y | x, w_kj)``: the mixture's exact log density (client

@@ -59,6 +59,23 @@ received (masked clients are left out)::
   pooled predictive is the Gaussian with precision ``beta/v_prod +
   (1-beta)/v_mix`` and the precision-weighted mean.
 
+* A likelihood whose predictive has no finite mean or variance under some
+  client draws (heavy tails: a Student-t with inferred nu <= 2, a Cauchy):
+  the product and the mixture are evaluated as densities on a grid of y per
+  row (:mod:`fedprob.algorithms.predictive_grid`, with a warning), the same
+  rule for every likelihood NumPyro can score: log-linear pooling of the
+  product (divided by the prior predictive) and the mixture with ``beta =
+  1/K'`` ("tempered"; the latent regression product needs per-draw moments),
+  1 ("product") or the given/fitted beta; ``log_predictive_density`` is
+  normalised on the grid. A product of heavy-tailed predictives is
+  lighter-tailed than the global predictive, so outliers score low: on a
+  Student-t regression with inferred nu (3 clients, 300 rows) the held-out
+  log density is -1.69 tempered and -2.63 as a plain product, against -1.46
+  for pooled NUTS and for :class:`~fedprob.algorithms.Ensemble`.
+
+A ``.mask(...)`` on the likelihood leaves rows out of the fit only: the
+predictive of y at a row is the unmasked distribution.
+
 The global object is an ensemble of the clients' draws: ``sample`` returns
 draws of the union of the client samples (every client equally), ``mean``
 their mean; there is no single parameter posterior behind ``predict``.
@@ -88,6 +105,7 @@ from jax.scipy.special import logsumexp
 from .. import inputs
 from ..posteriors import log_predictive_density
 from ..inference import CyclicalSGHMC
+from . import predictive_grid
 from .base import Context
 from .ensemble import EnsemblePosterior, client_predictive, mixture_prediction
 from .one_round import OneRoundAlgorithm, check_choice, check_int, client_weights, result_draws
@@ -283,8 +301,12 @@ class PredictiveBayesPosterior(EnsemblePosterior):
         if self.pooling == "beta" and self.beta is None:
             raise ValueError("pooling='beta' needs beta: call posterior.fit_beta(X_val, y_val) first or "
                              "pass beta= to PredictiveBayes")
-        product, mixture = self.components(X)
         task = self.potential.task
+        if task != "classification" and self.on_grid(X):
+            points, s = self._grid_pooled(X)
+            _, mean, var = predictive_grid.normalise(s, points)
+            return mean, var
+        product, mixture = self.components(X)
         if self.pooling == "tempered" and task == "classification":
             return pool_beta(task, product, mixture, 1.0 / self.num_clients)
         if self.pooling == "beta":
@@ -299,7 +321,48 @@ class PredictiveBayesPosterior(EnsemblePosterior):
         exact mixture density of client k's own draws."""
         if client is not None:
             return super().log_predictive_density(X, y, client)
+        if self.potential.task != "classification" and self.on_grid(X):
+            return self._grid_log_density(X, y, self.grid_beta())
         return log_predictive_density(self.potential.task, self.predict(X), y)
+
+    # -- likelihoods without finite moments: the grid (fedprob.algorithms.predictive_grid) -----------
+    def on_grid(self, X) -> bool:
+        """Whether the regression predictive at X needs the grid: some client draw's predictive has no
+        finite mean or variance."""
+        X = inputs.as_jax(X)
+        return not predictive_grid.moments_finite(
+            client_predictive(self.potential, self.predictive_draws()[0], X))
+
+    def grid_beta(self) -> float:
+        """The pooling weight on the grid: ``1/K'`` ("tempered": the class rule, since the latent
+        regression product needs per-draw moments), 1 ("product") or the given/fitted beta."""
+        if self.pooling == "product":
+            return 1.0
+        if self.pooling == "beta":
+            return float(self.beta)
+        return 1.0 / self.num_clients
+
+    def _grid_terms(self, X):
+        X = inputs.as_jax(X)
+        prior = self.prior_draws if (self.num_clients > 1 and self.prior_draws is not None) else None
+        if prior is not None:
+            prior = prior[: min(prior.shape[0], 256)]
+        points, lp, lp0 = self.grid_parts(X, self.predictive_draws()[0], prior)
+        if self.info.get("pooling") == "tempered":
+            self.info["beta"] = 1.0 / self.num_clients
+        return X, prior, points, lp, lp0
+
+    def _grid_pooled(self, X):
+        _, _, points, lp, lp0 = self._grid_terms(X)
+        return points, predictive_grid.pooled(lp, self.mixture_weights, lp0, self.grid_beta())
+
+    def _grid_log_density(self, X, y, beta):
+        X, prior, points, lp, lp0 = self._grid_terms(X)
+        at = jnp.asarray(y, points.dtype)[None]
+        lp_y = predictive_grid.client_log_pdf(self.potential, self.predictive_draws()[0], X, at)
+        lp0_y = None if prior is None else predictive_grid.client_log_pdf(self.potential, prior[None], X, at)[0]
+        log_z = predictive_grid.normalise(predictive_grid.pooled(lp, self.mixture_weights, lp0, beta), points)[0]
+        return predictive_grid.pooled(lp_y, self.mixture_weights, lp0_y, beta)[0] - log_z
 
     def fit_beta(self, X_val, y_val, tol: float = 1e-6) -> float:
         """Fit beta on held-out data (see :func:`fit_beta`), keep it and switch to beta pooling."""
@@ -327,11 +390,23 @@ def fit_beta(posterior: PredictiveBayesPosterior, X_val, y_val, tol: float = 1e-
         raise ValueError(f"X_val and y_val must have the same, non-zero number of rows; got "
                          f"{inputs.num_rows(X_val)} and {y_val.shape[0]}")
     task = posterior.potential.task
-    product, mixture = posterior.components(X_val)
+    if task != "classification" and posterior.on_grid(X_val):
+        X, prior, points, lp, lp0 = posterior._grid_terms(X_val)
+        at = y_val.astype(points.dtype)[None]
+        lp_y = predictive_grid.client_log_pdf(posterior.potential, posterior.predictive_draws()[0], X, at)
+        lp0_y = None if prior is None else predictive_grid.client_log_pdf(posterior.potential, prior[None], X, at)[0]
+        w = posterior.mixture_weights
 
-    @jax.jit
-    def objective(beta):
-        return jnp.mean(log_predictive_density(task, pool_beta(task, product, mixture, beta), y_val))
+        @jax.jit
+        def objective(beta):
+            log_z = predictive_grid.normalise(predictive_grid.pooled(lp, w, lp0, beta), points)[0]
+            return jnp.mean(predictive_grid.pooled(lp_y, w, lp0_y, beta)[0] - log_z)
+    else:
+        product, mixture = posterior.components(X_val)
+
+        @jax.jit
+        def objective(beta):
+            return jnp.mean(log_predictive_density(task, pool_beta(task, product, mixture, beta), y_val))
 
     lo, hi = 0.0, 1.0
     a, b = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
