@@ -31,7 +31,7 @@ By kind of global posterior (``basis``):
   posterior: the rows summarise the union of the client draws
   (``client draws (no parameter posterior)``), which is not the posterior of
   its pooled predictive;
-* a point estimate (FedAvg, FedProx, FedDyn, ADMM, OneShotAverage):
+* a point estimate (FedAvg, FedProx, FedDyn, ADMM, FedLap, FedLapFunc, OneShotAverage):
   ``point estimate``: the value as ``mean``; sd, interval, ESS and R-hat are
   NaN, since there is no spread to report.
 

@@ -12,6 +12,7 @@ import fedprob as fp
 from fedprob.algorithms import (ADMM, PVI, BayesADMM, FedDyn, FedLap, FedLapCov, FedLapFunc, NaturalLoop,
                                run_sequential)
 from fedprob.inference import Laplace
+from fedprob.summary import kind as summary_kind
 
 SIGMA, PRIOR = 0.5, 1.0
 
@@ -191,10 +192,12 @@ def test_fedlap_and_fedlap_cov_follow_the_paper_step_for_step(x64, logistic):
         np.testing.assert_allclose(np.asarray(got.precision), S_ref, rtol=1e-6)
     # the named configurations are the loop's: FedLap = isotropic PVI with damping N_k/N,
     # FedLap-Cov = diagonal-Laplace PVI damped by 1/K
-    same = [(FedLap(), PVI(family="isotropic", damping="size", client=Laplace())),
+    same = [(FedLap(prediction="average"), PVI(family="isotropic", damping="size", client=Laplace())),
             (FedLapCov(), PVI(family="diag", damping="clients", client=Laplace(hessian="diag_ggn")))]
     for a, b in same:
-        ga, gb = (run(x, model, fed, 2).posterior.form for x in (a, b))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "FedLap\\(prediction='average'\\)", RuntimeWarning)
+            ga, gb = (run(x, model, fed, 2).posterior.form for x in (a, b))
         np.testing.assert_allclose(np.asarray(ga.linear), np.asarray(gb.linear), rtol=1e-12)
         np.testing.assert_allclose(np.asarray(ga.precision), np.asarray(gb.precision), rtol=1e-12)
 
@@ -210,6 +213,26 @@ def test_fedlap_fedlap_cov_admm_feddyn_converge_to_the_global_map(x64, logistic)
         np.testing.assert_allclose(np.asarray(post.form.mean()), w_map, atol=tol, err_msg=type(algo).__name__)
         if isinstance(algo, FedLapCov):      # precision -> the diagonal Laplace precision at the MAP
             np.testing.assert_allclose(np.asarray(post.form.precision), prec_map, rtol=1e-3)
+
+
+def test_isotropic_family_methods_report_a_point_not_the_priors_spread():
+    """FedLap, ADMM and FedLap-Func move the mean of N(w_g, prior covariance) only: their result is the
+    point w_g (sds NaN, one draw), the same w_g as FedLap(prediction="average")'s Gaussian, which warns."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(60, 2)).astype(np.float32)
+    y = (rng.uniform(size=60) < 1 / (1 + np.exp(-X @ np.array([1.0, -0.5])))).astype(np.int32)
+    fed = fp.data.partition(X, y, num_clients=3, seed=0)
+    model = fp.models.logistic_regression(prior_scale=PRIOR)
+    for algo in (FedLap(), ADMM(), FedLapFunc()):
+        post = run(algo, model, fed, 3).posterior
+        assert post.info["kind"] == "point estimate" and "prior's" in post.info["covariance"]
+        assert post.form.draws.shape[0] == 1
+        assert all(np.all(np.isnan(np.asarray(v))) for v in post.sd.values()), type(algo).__name__
+        assert summary_kind(post) == "point estimate"
+    with pytest.warns(RuntimeWarning, match="prior's"):
+        gauss = run(FedLap(prediction="average"), model, fed, 3).posterior
+    np.testing.assert_allclose(np.asarray(gauss.form.mean()), np.asarray(run(FedLap(), model, fed, 3).posterior.form.mean()),
+                               rtol=1e-5, atol=1e-6)
 
 
 # -- participation, rejected rounds, priors, prediction ----------------------------------------

@@ -38,5 +38,9 @@ class ADMM(Configured):
         return NaturalLoop(client=client, family="isotropic", rho=rho, damping="rho", alpha="admm",
                            delta=self.delta, prediction="mean")
 
+    def reports_point(self) -> bool:
+        """Always: the result is the point ``w_g`` (the isotropic family's covariance is the prior's)."""
+        return True
+
 
 __all__ = ["ADMM"]

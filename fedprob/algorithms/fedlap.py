@@ -4,7 +4,9 @@ Both are the natural loop (:mod:`fedprob.algorithms.natural`) with ``rho =
 alpha = 1`` (PVI) and the delta approximation at the client:
 
 * **FedLap** (Eq. 9): isotropic family ``q = N(m, I/delta)`` with the prior
-  ``N(0, I/delta)``; only the linear site ``delta v_k`` moves. Client
+  ``N(0, I/delta)``; only the linear site ``delta v_k`` moves, so the
+  covariance stays the prior's and the result is the point ``m = w_g``
+  (``prediction="average"`` keeps the Gaussian, with a warning). Client
   ``w_k = argmin l_k(w) + delta v_k' w + (delta/2) ||w - w_g||^2``, dual
   ``v_k += rho_k (w_k - w_g)``, server ``w_g = sum_k v_k``. Default
   damping ``rho_k = N_k / N``. With ``delta=None`` the model's prior
@@ -26,6 +28,7 @@ client mode is found by full-batch L-BFGS by default (``optimizer``,
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Optional, Union
 
 from ..inference.laplace import Laplace
@@ -50,9 +53,11 @@ class FedLap(Configured):
 
     delta: prior (and family) precision, None = the model prior's; damping:
     the site step ("size": N_k/N, "clients": 1/K, or a number; alias ``rho``,
-    the paper's name); prediction:
-    "mean" (at w_g, the default: the family's covariance is the prior's) or
-    "average".
+    the paper's name); prediction: "mean" (the default: the result is the
+    point ``w_g``, since the family's covariance is the prior's and no
+    posterior spread) or "average" (the isotropic Gaussian ``N(w_g, prior
+    covariance)`` itself, predictions averaged over it, with a warning that
+    its sds are the prior's).
     """
 
     delta: Optional[float] = None
@@ -74,6 +79,20 @@ class FedLap(Configured):
                          batch_size=self.batch_size)
         return NaturalLoop(client=client, family="isotropic", rho=1.0, damping=self.damping, alpha=1.0,
                            delta=self.delta, prediction=self.prediction)
+
+    def reports_point(self) -> bool:
+        """The point ``w_g`` unless ``prediction="average"`` asks for the isotropic Gaussian."""
+        return self.prediction == "mean"
+
+    def posterior(self, ctx, server_state, client_states):
+        post = super().posterior(ctx, server_state, client_states)
+        if not self.reports_point():
+            post.info["covariance"] = "the prior's (isotropic family): not a posterior spread"
+            warnings.warn("FedLap(prediction='average'): the isotropic family's covariance is the prior's, so "
+                          "the posterior's sds and the predictions averaged over it carry the prior's spread, "
+                          "not the posterior's; FedLap() (prediction='mean') reports the point w_g",
+                          RuntimeWarning, stacklevel=2)
+        return post
 
 
 @dataclasses.dataclass(frozen=True)

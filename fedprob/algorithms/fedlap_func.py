@@ -44,7 +44,8 @@ At a fixed point ``w_k = w_g`` every function-space term has zero gradient
 at ``w_g`` (soft labels from the same weights), so the stationary point is
 FedLap's: the pooled MAP ``argmin sum_k l_k(w) + w' S w / 2 - b0' w``.
 With ``memory_points = 0`` this is FedLap (Eq. 9). Default damping
-``rho_k = N_k / N`` as in the paper; prediction at ``w_g``.
+``rho_k = N_k / N`` as in the paper. The result is the point ``w_g`` (the
+isotropic family's covariance is the prior's: no posterior spread).
 
 Default ``tau = 0.1`` (the paper sweeps 1, 0.1, 0.01 on Credit): with
 ``tau = 1`` each of 2 memory points stands for 18-33 rows and the heterogeneous
@@ -66,6 +67,7 @@ from .base import Algorithm, Context, masked_sum
 from .aliases import alias_field, take_alias
 from .fedlap import _check_damping
 from .model_prior import model_prior
+from .natural import point_of
 
 Array = jax.Array
 
@@ -258,8 +260,8 @@ class FedLapFunc(Algorithm):
 
     def posterior(self, ctx: Context, server_state: FuncServer, client_states):
         s = server_state.prior_precision
-        return GlobalPosterior(ctx.potential, Gaussian(s * server_state.w, s), prediction="mean",
-                               info={"kind": "isotropic Gaussian", "algorithm": "FedLapFunc"})
+        return point_of(GlobalPosterior(ctx.potential, Gaussian(s * server_state.w, s), prediction="mean",
+                                        info={"kind": "isotropic Gaussian", "algorithm": "FedLapFunc"}))
 
 
 __all__ = ["FedLapFunc", "FuncServer", "FuncClient", "function_space_term", "soft_labels", "lbfgs_minimize"]

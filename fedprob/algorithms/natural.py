@@ -96,7 +96,7 @@ from ..inference.laplace import Laplace
 from ..inference import laplace_marginal as lm
 from .. import local_sites as loc
 from ..inference.optim import minimize
-from ..posteriors import Gaussian, GlobalPosterior
+from ..posteriors import Gaussian, GlobalPosterior, Samples
 from ..potential import make_target
 from ..protocols import ClientBackend, finite_flag
 from .aliases import alias_field, backend_family, resolve_family, take_alias
@@ -514,10 +514,29 @@ class Configured(Algorithm):
     def with_update(self, ctx, message, update):
         return self.loop().with_update(ctx, message, update)
 
+    def reports_point(self) -> bool:
+        """Whether the result is the point ``w_g`` (a family that fixes the covariance at the
+        prior's reports no spread: :func:`point_of`)."""
+        return False
+
     def posterior(self, ctx, server_state, client_states):
         post = self.loop().posterior(ctx, server_state, client_states)
         post.info["algorithm"] = type(self).__name__
-        return post
+        return point_of(post) if self.reports_point() else post
 
 
-__all__ = ["NaturalLoop", "NaturalServer", "NaturalClient", "Configured", "model_prior", "FAMILIES"]
+#: what a point result of an isotropic-family method says about its spread
+FIXED_COVARIANCE = ("the isotropic family's covariance is the prior's (the method moves the mean only), so "
+                    "it is no posterior spread: the result is the point w_g")
+
+
+def point_of(post: GlobalPosterior) -> GlobalPosterior:
+    """The point estimate at a Gaussian posterior's mean (unconstrained), keeping its info: for the
+    methods whose family fixes the covariance at the prior's (FedLap, ADMM, FedLap-Func), whose
+    Gaussian's sds are the prior's and would be read as a posterior's."""
+    info = dict(post.info, kind="point estimate", covariance=FIXED_COVARIANCE)
+    return GlobalPosterior(post.potential, Samples(post.form.mean()[None]), info=info)
+
+
+__all__ = ["NaturalLoop", "NaturalServer", "NaturalClient", "Configured", "model_prior", "FAMILIES",
+           "point_of", "FIXED_COVARIANCE"]
