@@ -49,11 +49,11 @@ NEAR_GAUSSIAN = ("robust", "zip", "ordinal", "binomial", "known_scales", "factor
 FAR = ("horseshoe", "funnel")
 ALGORITHMS = ("FedAvg", "PVI", "FedLap", "FedLapCov", "BayesADMM", "FedPA", "EPMCMC", "ConsensusMC",
               "Ensemble", "PredictiveBayes", "EP")
-POINT = ("FedAvg",)
+POINT = ("FedAvg", "FedLap")             # FedLap: the point w_g (its family fixes the covariance)
 # no global parameter posterior by design: their parameter rows are the union of the client draws (a
 # mixture of client posteriors, about sqrt(K) times as wide); their bound is a finite predictive
 MIXTURES = ("Ensemble", "PredictiveBayes")
-GAUSSIAN_FAMILY = ("PVI", "FedLap", "FedLapCov", "BayesADMM", "FedPA", "EPMCMC", "EP")
+GAUSSIAN_FAMILY = ("PVI", "FedLapCov", "BayesADMM", "FedPA", "EPMCMC", "EP")
 
 
 # -- models ------------------------------------------------------------------------------------------
