@@ -132,14 +132,30 @@ def _global_khat_impl(potential, num_draws, q, data, key):
 _global_khat = jax.jit(_global_khat_impl, static_argnums=(0, 1))
 
 
+def _both_khats_impl(potential, num_draws, q_clients, targets, q_global, data, key_clients, key_global):
+    return (_khat_all_impl(potential, num_draws, q_clients, targets, key_clients),
+            _global_khat_impl(potential, num_draws, q_global, data, key_global))
+
+
+# the clients' and the global check in one program: one compile per model instead of two
+_both_khats = jax.jit(_both_khats_impl, static_argnums=(0, 1))
+
+
+def _global_key(seed):
+    return jax.random.fold_in(jax.random.PRNGKey(seed), 29)
+
+
+def _clients_key(seed):
+    return jax.random.fold_in(jax.random.PRNGKey(seed), 23)
+
+
 def global_khat(potential, q, data, seed: int = 0) -> float:
     """k-hat of a Gaussian global posterior ``q`` against the exact posterior ``p0(z) prod_k p(D_k | z)``.
 
     Federated, this is one more exchange: the server sends ``NUM_DRAWS`` draws of ``q``, each client
     returns its log likelihood at them, and the server sums (a masked sum, like every aggregate).
     """
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), 29)
-    return float(_global_khat(potential, NUM_DRAWS, q, data, key))
+    return float(_global_khat(potential, NUM_DRAWS, q, data, _global_key(seed)))
 
 
 def client_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, seed: int = 0):
@@ -157,8 +173,7 @@ def client_khats(algorithm, ctx, server_state, client_states, data, client_diagn
     fits = None if data is None else algorithm.gaussian_fits(ctx, server_state, client_states, data)
     if fits is not None:
         q, targets = fits
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), 23)
-        return np.asarray(_khat_all(ctx.potential, NUM_DRAWS, q, targets, key), float)
+        return np.asarray(_khat_all(ctx.potential, NUM_DRAWS, q, targets, _clients_key(seed)), float)
     out, found = np.full(K, np.nan), False
     for entry in client_diagnostics or ():
         if "khat" not in entry:
@@ -168,6 +183,24 @@ def client_khats(algorithm, ctx, server_state, client_states, data, client_diagn
         inc = np.asarray(entry["included"], bool)
         out[ids[inc]] = np.asarray(entry["khat"], float)[inc]
     return out if found else None
+
+
+def run_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, global_q=None,
+              seed: int = 0):
+    """``(client k-hats or None, global k-hat or None)`` of a finished run: :func:`client_khats` and,
+    when ``global_q`` (the global posterior's Gaussian) is given, :func:`global_khat`; both in one
+    compiled program where the method's clients are checked after the last round (the same numbers)."""
+    if not applies(ctx.potential):
+        return None, None
+    use_global = global_q is not None and data is not None
+    fits = None if data is None else algorithm.gaussian_fits(ctx, server_state, client_states, data)
+    if fits is not None and use_global:
+        q, targets = fits
+        kc, kg = _both_khats(ctx.potential, NUM_DRAWS, q, targets, global_q, data, _clients_key(seed),
+                             _global_key(seed))
+        return np.asarray(kc, float), float(kg)
+    khat = client_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, seed)
+    return khat, (global_khat(ctx.potential, global_q, data, seed) if use_global else None)
 
 
 def applies(potential) -> bool:
@@ -208,5 +241,5 @@ def warn(khat, global_k=None, stacklevel: int = 3) -> None:
         warnings.warn(m, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
-__all__ = ["KHAT_MAX", "NUM_DRAWS", "MAX_DIM", "gpd_fit", "pareto_khat", "gaussian_khat", "client_khats", "global_khat", "applies", "message",
+__all__ = ["KHAT_MAX", "NUM_DRAWS", "MAX_DIM", "gpd_fit", "pareto_khat", "gaussian_khat", "client_khats", "global_khat", "run_khats", "applies", "message",
            "warn"]

@@ -180,10 +180,9 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
                       f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=3)
     if posterior is None:
         posterior = algorithm.posterior(ctx, server, clients)
-    khat = psis.client_khats(algorithm, ctx, server, clients, data, log.client_diagnostics, seed)
-    gk = None
-    if data is not None and psis.applies(ctx.potential) and isinstance(getattr(posterior, "form", None), Gaussian):
-        gk = psis.global_khat(ctx.potential, posterior.form, data, seed)
+    form = getattr(posterior, "form", None)
+    khat, gk = psis.run_khats(algorithm, ctx, server, clients, data, log.client_diagnostics,
+                              form if isinstance(form, Gaussian) else None, seed)
     result = Result(posterior, log.history, server, clients, algorithm, ctx, compile_time, init_time, eval_data,
                     log.client_diagnostics, log.draw_stats, info or {}, khat, gk)
     if psis.message(khat, gk) is not None:

@@ -61,6 +61,13 @@ TOL = {"nuts": (0.1, 0.05), "laplace": (0.01, 0.01), "svi_full": (0.2, 0.15), "s
        "csghmc": (0.15, 0.12)}
 
 
+#: the samplers spend seconds at their default lengths: on the larger problems they run with the slow tests
+#: (``pytest -m slow``); the 240-row case keeps every backend in the default run, and
+#: ``test_samplers_real_data`` keeps each sampler on real data there
+SAMPLERS = {"nuts", "sgld", "psgld", "sghmc", "csghmc"}
+BIG_CASE = [pytest.param(n, marks=pytest.mark.slow) if n in SAMPLERS else n for n in BACKENDS]
+
+
 def regression_clients(K, n, shift, seed):
     rng = np.random.default_rng(seed)
     corr = np.array([[1.0, 0.7, 0.3], [0.7, 1.0, 0.5], [0.3, 0.5, 1.0]])
@@ -139,7 +146,7 @@ def test_defaults_on_240_rows(name):
     _regression_case(name, K=1, n=240, shift=0.0)
 
 
-@pytest.mark.parametrize("name", list(BACKENDS))
+@pytest.mark.parametrize("name", BIG_CASE)
 def test_defaults_on_three_clients_of_4000_rows(name):
     _regression_case(name, K=3, n=4000, shift=2.0)
 
@@ -154,7 +161,7 @@ def digits_problem():
     return fed, pot, mean, sd, H
 
 
-@pytest.mark.parametrize("name", list(BACKENDS))
+@pytest.mark.parametrize("name", BIG_CASE)
 def test_defaults_on_real_logistic_regression(name, digits_problem):
     fed, pot, mean, sd, H = digits_problem
     res = run_clients(BACKENDS[name], pot, fed, 0)

@@ -13,6 +13,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -86,6 +88,7 @@ def test_inference_benchmark_quick(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow     # 83 s cold; the aggregates themselves are tested in test_one_round.py
 def test_one_round_benchmark_quick(data_root):
     """benchmarks/one_round.py --quick: every one-round aggregate from one set of cSGHMC client runs
     plus FedAvg, on 2,000 MNIST rows (label sort h=0.9) and real estate (feature-sorted clients)."""
@@ -148,6 +151,7 @@ def test_first_result_quick():
     assert rows[1]["cold / NUTS pooled"] <= 2.0 and rows[1]["warm_s"] < 1.0
 
 
+@pytest.mark.slow     # 40 s cold; EP's oracles are in test_ep.py
 def test_ep_benchmark_quick():
     """benchmarks/ep.py --quick: 8 normal-normal clients, 6 EP rounds; an EP round costs at most twice an
     EPMCMC round with the same NUTS settings (measured 0.75), EP's Stein moments are exact there from

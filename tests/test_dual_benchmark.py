@@ -90,6 +90,7 @@ def bayes_admm_ivon_fmnist(fmnist, rounds):
     return res.metric("accuracy")[-1]
 
 
+@pytest.mark.slow     # 55 s cold; BayesADMM-IVON's oracle: test_dual.py
 def test_bayes_admm_with_ivon_learns_the_fmnist_mlp(fmnist):
     """2 rounds: 25% (chance 10%); before the IVON floor and beta2 rule: 10% after 2 rounds."""
     assert bayes_admm_ivon_fmnist(fmnist, 2) > 0.17

@@ -29,6 +29,7 @@ def check(r, global_z, local_z, sd_lo=0.75, sd_hi=1.33):
     assert h["hierarchical"] < h["complete_pooling"] - 0.02, h
 
 
+@pytest.mark.slow     # 66 s cold; PVI on hierarchical oracles: test_local_sites.py
 def test_24_weeks_at_pvi_defaults_match_pooled_nuts(bench, data_root):
     """Measured: global sites within 0.45 sd (sigma_a 0.35, sigma 0.44: 24 groups leave the scale's
     posterior skewed, which a Gaussian in log sigma_a only approaches), local z within 0.34 sd, sds

@@ -30,7 +30,60 @@ def execute(path, tmp_path, monkeypatch) -> str:
     return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
 
 
+#: the notebooks that take minutes run with the slow tests (``pytest -m slow``); in the default run
+#: every notebook's code is checked by ``test_notebook_code_parses_and_its_fedprob_names_exist``
+SLOW_NOTEBOOKS = {"hierarchical", "one_round_heterogeneity", "dual_credit"}
+
+
+def _cases():
+    return [pytest.param(p, id=p.stem, marks=pytest.mark.slow) if p.stem in SLOW_NOTEBOOKS else
+            pytest.param(p, id=p.stem) for p in NOTEBOOKS]
+
+
+def _fp_names(tree):
+    """Every dotted name ``fp.a.b...`` read in a parsed cell (the longest chain of each)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                parts.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id == "fp":
+                out.add(tuple(reversed(parts)))
+    return out
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_code_parses_and_its_fedprob_names_exist(path):
+    """Every code cell is valid Python and every ``fp.<name>...`` it reads exists (a renamed function
+    fails here in the default run, before the notebook's own slow run)."""
+    import ast
+    import json
+
+    import fedprob as fp
+
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+    assert cells
+    names = set()
+    for c in cells:
+        src = "".join(c["source"])
+        names |= _fp_names(ast.parse("\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("%", "!")))))
+    assert names, f"{path.stem} uses no fedprob names"
+    import types
+
+    for chain in sorted(names):
+        obj = fp
+        for i, part in enumerate(chain):
+            if not isinstance(obj, types.ModuleType):
+                break                       # an attribute of a class or function: not a module name
+            assert hasattr(obj, part), f"{path.stem}: fp.{'.'.join(chain[:i + 1])} does not exist"
+            obj = getattr(obj, part)
+
+
+@pytest.mark.parametrize("path", _cases())
 def test_notebook_runs(path, tmp_path, monkeypatch):
     if path.stem == "dual_credit":                  # as on a fresh clone: no data folder anywhere it looks
         monkeypatch.delenv("FEDPROB_DATA", raising=False)
