@@ -51,8 +51,10 @@ CASES = {
 
 
 #: PredictiveBayes at its defaults on this federation is checked in the default run by
-#: test_predictive_bayes.test_default_is_calibrated_on_the_demo_setting (same run, NLL < 0.75)
-SLOW_CASES = {"PredictiveBayes"}
+#: test_predictive_bayes.test_default_is_calibrated_on_the_demo_setting (same run, NLL < 0.75);
+#: Ensemble runs the same cSGHMC clients (32 s cold), its mixture is checked in the default run by
+#: test_one_round and test_predictive_grid
+SLOW_CASES = {"PredictiveBayes", "Ensemble"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n

@@ -90,6 +90,7 @@ def test_iid_clients_with_independent_inputs_do_not_warn():
     assert post.info["diag_bias_sd"] < DIAG_BIAS_WARN
 
 
+@pytest.mark.slow     # 30 s cold; the warning's exact size is tested in the default run (test_shifted_clients_warn...)
 def test_random_probes_bound_the_mahalanobis_bias_from_below():
     """d > bias_probes: the Galerkin value is a lower bound on the exact Mahalanobis distance of the diagonal
     product's mean from the exact one, growing with the number of probes and exact at d probes."""

@@ -108,6 +108,7 @@ def test_masked_rows_are_scored_unmasked():
     assert masked.any() and np.all(np.asarray(pot.pointwise_log_likelihood(z, X, y))[masked] == 0)
 
 
+@pytest.mark.slow     # 47 s cold; the grid's exact answers are tested in the default run above
 def test_heavy_tailed_likelihood_at_defaults_against_pooled_nuts():
     X, y = _rows(300)
     Xt, yt = _rows(200, seed=7)
@@ -133,3 +134,35 @@ def test_heavy_tailed_likelihood_at_defaults_against_pooled_nuts():
         # plain product -2.63
         tol = 0.02 if isinstance(alg, fp.algorithms.Ensemble) else 0.3
         assert abs(float(jnp.mean(lpd)) - ref) < tol, (type(alg).__name__, float(jnp.mean(lpd)), ref)
+
+
+def test_fit_beta_on_the_grid_is_the_brute_force_maximiser():
+    """Held-out beta on the grid: golden section equals the best of 101 betas, evaluated one by one."""
+    X, y = _rows(60)
+    Xv, yv = _rows(40, seed=3)
+    pot = Potential(robust_nu, X, y)
+    rng = np.random.default_rng(2)
+    clients = []
+    for w, b in ((1.4, -0.6), (1.5, -0.4), (1.6, -0.5)):     # overlapping clients: the best beta is inside
+        vals = {"w": jnp.asarray(w + 0.3 * rng.normal(size=20), jnp.float32),
+                "b": jnp.asarray(b + 0.3 * rng.normal(size=20), jnp.float32),
+                "sigma": jnp.asarray(np.exp(0.1 * rng.normal(size=20)), jnp.float32),
+                "nu": jnp.asarray(rng.uniform(1.2, 4.0, size=20), jnp.float32)}   # some without a variance
+        clients.append(jax.vmap(pot.unconstrain)(vals))
+    draws = jnp.stack(clients)
+    post = PredictiveBayesPosterior(pot, draws, jnp.full((3,), 1 / 3), None, pooling="tempered",
+                                    regression="observed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert post.on_grid(jnp.asarray(Xv))
+        log_density = post._grid_log_density_fn(jnp.asarray(Xv), jnp.asarray(yv))
+        betas = np.linspace(0.0, 1.0, 101)
+        values = np.array([float(jnp.mean(log_density(b))) for b in betas])
+        beta = post.fit_beta(Xv, yv)
+        at_fit = float(jnp.mean(post._grid_log_density(jnp.asarray(Xv), jnp.asarray(yv), beta)))
+    assert np.all(np.isfinite(values))
+    assert values.max() - values.min() > 0.1                      # the choice of beta matters here
+    assert 0.1 < beta < 0.3                                       # measured 0.20: neither end
+    assert at_fit >= values.max() - 1e-4
+    assert abs(beta - betas[values.argmax()]) <= 0.02
+    assert post.pooling == "beta" and post.info["beta"] == beta

@@ -356,13 +356,23 @@ class PredictiveBayesPosterior(EnsemblePosterior):
         _, _, points, lp, lp0 = self._grid_terms(X)
         return points, predictive_grid.pooled(lp, self.mixture_weights, lp0, self.grid_beta())
 
-    def _grid_log_density(self, X, y, beta):
+    def _grid_log_density_fn(self, X, y):
+        """``beta -> (rows,)`` log pooled predictive density of ``y`` at ``X`` on the grid: the client
+        and prior predictives are evaluated once, then pooled and normalised for each beta."""
         X, prior, points, lp, lp0 = self._grid_terms(X)
         at = jnp.asarray(y, points.dtype)[None]
         lp_y = predictive_grid.client_log_pdf(self.potential, self.predictive_draws()[0], X, at)
         lp0_y = None if prior is None else predictive_grid.client_log_pdf(self.potential, prior[None], X, at)[0]
-        log_z = predictive_grid.normalise(predictive_grid.pooled(lp, self.mixture_weights, lp0, beta), points)[0]
-        return predictive_grid.pooled(lp_y, self.mixture_weights, lp0_y, beta)[0] - log_z
+        w = self.mixture_weights
+
+        def log_density(beta):
+            log_z = predictive_grid.normalise(predictive_grid.pooled(lp, w, lp0, beta), points)[0]
+            return predictive_grid.pooled(lp_y, w, lp0_y, beta)[0] - log_z
+
+        return log_density
+
+    def _grid_log_density(self, X, y, beta):
+        return self._grid_log_density_fn(X, y)(beta)
 
     def fit_beta(self, X_val, y_val, tol: float = 1e-6) -> float:
         """Fit beta on held-out data (see :func:`fit_beta`), keep it and switch to beta pooling."""
@@ -391,16 +401,11 @@ def fit_beta(posterior: PredictiveBayesPosterior, X_val, y_val, tol: float = 1e-
                          f"{inputs.num_rows(X_val)} and {y_val.shape[0]}")
     task = posterior.potential.task
     if task != "classification" and posterior.on_grid(X_val):
-        X, prior, points, lp, lp0 = posterior._grid_terms(X_val)
-        at = y_val.astype(points.dtype)[None]
-        lp_y = predictive_grid.client_log_pdf(posterior.potential, posterior.predictive_draws()[0], X, at)
-        lp0_y = None if prior is None else predictive_grid.client_log_pdf(posterior.potential, prior[None], X, at)[0]
-        w = posterior.mixture_weights
+        log_density = posterior._grid_log_density_fn(X_val, y_val)
 
         @jax.jit
         def objective(beta):
-            log_z = predictive_grid.normalise(predictive_grid.pooled(lp, w, lp0, beta), points)[0]
-            return jnp.mean(predictive_grid.pooled(lp_y, w, lp0_y, beta)[0] - log_z)
+            return jnp.mean(log_density(beta))
     else:
         product, mixture = posterior.components(X_val)
 
