@@ -39,11 +39,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro
-import numpyro.distributions as dist
 from numpyro.infer import MCMC, NUTS
 
 import fedprob as fp
+from fedprob.models import examples as ex
 
 NEAR_GAUSSIAN = ("robust", "zip", "ordinal", "binomial", "known_scales", "factor")
 FAR = ("horseshoe", "funnel")
@@ -56,70 +55,16 @@ MIXTURES = ("Ensemble", "PredictiveBayes")
 GAUSSIAN_FAMILY = ("PVI", "FedLapCov", "BayesADMM", "FedPA", "EPMCMC", "EP")
 
 
-# -- models ------------------------------------------------------------------------------------------
-def robust(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, 3.0))
-    b = numpyro.sample("b", dist.Normal(0.0, 3.0))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.StudentT(4.0, w * X[:, 0] + b, sigma).mask(X[:, 1] > 0), obs=y)
-
-
-def zip_model(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
-    gate = numpyro.sample("gate", dist.Beta(1.0, 1.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.ZeroInflatedPoisson(gate, jnp.exp(w * X[:, 0] + b)), obs=y)
-
-
-def ordinal(X, y=None):
-    C = 4
-    beta = numpyro.sample("beta", dist.Normal(0.0, 2.0))
-    probs = numpyro.sample("probs", dist.Dirichlet(jnp.ones(C)))
-    cut = numpyro.deterministic("cutpoints", jax.scipy.special.logit(jnp.clip(jnp.cumsum(probs)[:-1], 1e-6, 1 - 1e-6)))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.OrderedLogistic(beta * X[:, 0], cut), obs=y)
-
-
-G = 3
-
-
-def binomial(X, y=None):
-    a = numpyro.sample("a", dist.Normal(0.0, 2.0).expand([G]).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Binomial(total_count=X[:, 1], logits=a[X[:, 0]]), obs=y)
-
-
-def known_scales(X, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(mu, X[:, 1]), obs=y)
-
-
-def factor(X, y=None):
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.factor("lik", dist.Poisson(jnp.exp(w * X[:, 0] + b)).log_prob(y))
-
-
-def horseshoe(X, y=None):
-    D_ = X.shape[1]
-    tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
-    lam = numpyro.sample("lam", dist.HalfCauchy(jnp.ones(D_)).to_event(1))
-    z = numpyro.sample("z", dist.Normal(jnp.zeros(D_), 1.0).to_event(1))
-    w = numpyro.deterministic("w", tau * lam * z)
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
-
-
-def schools(X, y=None):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
-    theta = numpyro.sample("theta", dist.Normal(mu * jnp.ones(8), tau).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(theta[X[:, 0].astype(jnp.int32)], X[:, 1]), obs=y)
+# -- models (fedprob.models.examples) ----------------------------------------------------------------
+robust = ex.robust_regression
+zip_model = ex.zero_inflated_poisson
+ordinal = ex.ordinal_regression
+binomial = ex.binomial_groups
+known_scales = ex.known_scales
+factor = ex.factor_poisson
+horseshoe = ex.horseshoe_logistic
+schools = ex.eight_schools
+G = ex.NUM_GROUPS
 
 
 # -- data --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from .mlp import bnn_mlp
 from .cnn import cnn
 from .poisson import poisson_regression
 from .hierarchical import hierarchical_linear
+from . import examples
 
 from fedprob.names import checked_keywords as _checked, module_getattr as _module_getattr
 

@@ -15,22 +15,9 @@ from numpyro.infer import MCMC, NUTS
 import fedprob as fp
 from fedprob.potential import Potential, make_target
 from fedprob.inference.laplace import curvature, ggn_supported
+from fedprob.models.examples import NUM_GROUPS, binomial_groups, factor_poisson, known_scales
 
-G = 3
-
-
-def binomial_groups(X, y=None):
-    """Binomial regression: column 0 a group index, column 1 the number of trials."""
-    a = numpyro.sample("a", dist.Normal(0.0, 2.0).expand([G]).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Binomial(total_count=X[:, 1], logits=a[X[:, 0]]), obs=y)
-
-
-def known_scales(X, y=None):
-    """Normal mean with a known per-row sd in column 1 (the eight-schools likelihood)."""
-    mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(mu, X[:, 1]), obs=y)
+G = NUM_GROUPS
 
 
 def robust_masked(X, y=None):
@@ -41,14 +28,6 @@ def robust_masked(X, y=None):
     numpyro.deterministic("sigma2", sigma ** 2)
     with numpyro.plate("data", X.shape[0]):
         numpyro.sample("y", dist.StudentT(4.0, w * X[:, 0] + b, sigma).mask(X[:, 1] > 0), obs=y)
-
-
-def factor_poisson(X, y=None):
-    """A Poisson GLM written as a numpyro.factor."""
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.factor("lik", dist.Poisson(jnp.exp(w * X[:, 0] + b)).log_prob(y))
 
 
 def poisson_glm(X, y=None):

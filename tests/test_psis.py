@@ -18,6 +18,7 @@ import pytest
 import fedprob as fp
 from fedprob import diagnostics as D
 from fedprob import psis
+from fedprob.models.examples import eight_schools as schools, horseshoe_logistic as horseshoe
 
 
 def _gpd_log_ratios(k, S, seed=0):
@@ -44,30 +45,11 @@ def test_khat_edge_cases_and_vmap():
     assert k[0] < 0.5 < 0.7 < k[1]
 
 
-def schools(X, y=None):
-    """Eight schools, centred: a funnel between tau and theta; column 0 the school, column 1 its sd."""
-    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
-    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
-    theta = numpyro.sample("theta", dist.Normal(mu * jnp.ones(8), tau).to_event(1))
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Normal(theta[X[:, 0].astype(jnp.int32)], X[:, 1]), obs=y)
-
-
 def schools_fed():
     y = np.array([28, 8, -3, 7, -1, 1, 18, 12.0], np.float32)
     sd = np.array([15, 10, 16, 11, 9, 11, 10, 18.0], np.float32)
     X = np.stack([np.arange(8.0), sd], 1).astype(np.float32)
     return fp.data.partition(X, y, num_clients=4, scheme="groups", groups=np.arange(8) // 2)
-
-
-def horseshoe(X, y=None):
-    D_ = X.shape[1]
-    tau = numpyro.sample("tau", dist.HalfCauchy(1.0))
-    lam = numpyro.sample("lam", dist.HalfCauchy(jnp.ones(D_)).to_event(1))
-    z = numpyro.sample("z", dist.Normal(jnp.zeros(D_), 1.0).to_event(1))
-    w = numpyro.deterministic("w", tau * lam * z)
-    with numpyro.plate("data", X.shape[0]):
-        numpyro.sample("y", dist.Bernoulli(logits=X @ w), obs=y)
 
 
 def logreg(X, y=None):
