@@ -22,6 +22,12 @@ of ``b = -k / sigma`` weighted by their profile likelihood, the posterior mean
 of ``b``, then ``k`` shrunk toward 0.5 by a weak prior (10 pseudo-observations).
 Everything is a JAX function of fixed shapes, so it runs under ``jit`` and
 ``vmap`` over clients.
+
+Ratios that are practically equal (every one within a factor of 2 of the median,
+:func:`gaussian_ratio_khat`) give ``-inf``: the Gaussian is its target for any
+estimate, whatever shape a tail fitted to such ratios takes. The warning
+(:func:`message`) follows the global check where a method has one: clients
+above the threshold are named when the global Gaussian also fails it.
 """
 from __future__ import annotations
 
@@ -90,6 +96,31 @@ def pareto_khat(log_w, tol=0.0):
     return jnp.where(jnp.isfinite(lw[-1]), jnp.where(equal | (x[-1] <= 0), -jnp.inf, k), jnp.inf)
 
 
+#: log-ratio spread (largest minus median) at or below which a Gaussian counts as its target: every one
+#: of the draws' importance ratios is within a factor of 2 of the typical one
+NEGLIGIBLE_SPREAD = math.log(2.0)
+
+
+def gaussian_ratio_khat(log_pi, log_q):
+    """k-hat of the ratios ``log_pi - log_q`` of a Gaussian ``q`` (its draws) against its target ``pi``;
+    ``-inf`` when the ratios are practically equal: the largest within :data:`NEGLIGIBLE_SPREAD` of
+    the median (and within the log densities' rounding error of each other).
+
+    A near-Gaussian target that is slightly skewed (a Poisson or binomial likelihood at a few hundred
+    rows) makes ``log pi - log q`` a small cubic in the draw, unbounded in the tail: the fitted tail
+    shape then comes out near 1 though every weight of 1,000 draws is within a few percent of the
+    others (measured: EP on a Poisson GLM written as a factor, k-hat 0.98 with ratios within a
+    factor of 1.25 of the median). Such a tail holds none of the target's mass that matters; the
+    diagnostic reports it as the exact case. Where a Gaussian misses mass (the eight-schools funnel, a horseshoe
+    prior), the largest ratio is 9 to 10^20 times the median (benchmarks/any_model.py's models).
+    """
+    log_w = log_pi - log_q
+    k = pareto_khat(log_w, rounding(log_pi, log_q))
+    finite = jnp.where(jnp.isnan(log_w), -jnp.inf, log_w)
+    negligible = (jnp.max(finite) - jnp.nanmedian(log_w)) <= NEGLIGIBLE_SPREAD
+    return jnp.where(jnp.isfinite(k) & negligible, -jnp.inf, k)
+
+
 def rounding(*log_densities):
     """The rounding error of log densities of their typical (median) size: a tolerance for equal ratios."""
     big = sum(jnp.nanmedian(jnp.where(jnp.isfinite(a), jnp.abs(a), jnp.nan)) for a in log_densities)
@@ -103,7 +134,7 @@ def gaussian_khat(key, potential, q, target, num_draws: int = NUM_DRAWS):
     z = q.sample(key, num_draws)
     log_pi = jax.lax.map(lambda zz: potential.log_density(zz, target), z, batch_size=min(num_draws, 64))
     log_q = jax.vmap(q.log_prob)(z)
-    return pareto_khat(log_pi - log_q, rounding(log_pi, log_q))
+    return gaussian_ratio_khat(log_pi, log_q)
 
 
 def _khat_all_impl(potential, num_draws, q, targets, key):
@@ -126,7 +157,7 @@ def _global_khat_impl(potential, num_draws, q, data, key):
 
     log_pi = jax.lax.map(log_post, z, batch_size=min(num_draws, 32))
     log_q = jax.vmap(q.log_prob)(z)
-    return pareto_khat(log_pi - log_q, rounding(log_pi, log_q))
+    return gaussian_ratio_khat(log_pi, log_q)
 
 
 _global_khat = jax.jit(_global_khat_impl, static_argnums=(0, 1))
@@ -210,12 +241,20 @@ def applies(potential) -> bool:
 
 
 def message(khat, global_k=None) -> str | None:
-    """The warning for per-client k-hats (K,) (NaN: none) and the global one (None: none), or None when
-    none is above :data:`KHAT_MAX`."""
+    """The warning for per-client k-hats (K,) (NaN: none) and the global one (None or NaN: none), or
+    None when none is above :data:`KHAT_MAX`.
+
+    The global k-hat checks the answer itself (the global Gaussian against the exact posterior); where
+    it exists and is at most :data:`KHAT_MAX`, clients whose own Gaussians are above it (a skewed
+    sub-posterior of a few rows whose product is still right) are left to ``diagnostics()`` and no
+    warning is given. Where the global check fails, or the method has none, the clients above it are
+    named.
+    """
     parts = []
-    if global_k is not None and np.isfinite(global_k) and global_k > KHAT_MAX:
+    has_global = global_k is not None and not np.isnan(global_k)
+    if has_global and global_k > KHAT_MAX:
         parts.append(f"the global Gaussian against the exact posterior: {global_k:.2f}")
-    if khat is not None:
+    if khat is not None and (not has_global or global_k > KHAT_MAX):
         khat = np.asarray(khat, float)
         bad = np.flatnonzero(np.nan_to_num(khat, nan=-np.inf) > KHAT_MAX)
         if bad.size:
@@ -241,5 +280,5 @@ def warn(khat, global_k=None, stacklevel: int = 3) -> None:
         warnings.warn(m, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
-__all__ = ["KHAT_MAX", "NUM_DRAWS", "MAX_DIM", "gpd_fit", "pareto_khat", "gaussian_khat", "client_khats", "global_khat", "run_khats", "applies", "message",
+__all__ = ["KHAT_MAX", "NUM_DRAWS", "MAX_DIM", "gpd_fit", "pareto_khat", "gaussian_khat", "client_khats", "global_khat", "run_khats", "gaussian_ratio_khat", "NEGLIGIBLE_SPREAD", "applies", "message",
            "warn"]

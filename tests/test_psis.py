@@ -141,3 +141,44 @@ def test_every_iterative_gaussian_method_warns_on_the_horseshoe(name):
 def test_iterative_methods_quiet_on_a_near_gaussian_logistic_regression(name):
     r, msgs = _run(getattr(fp.algorithms, name)(), logreg, _logistic_fed(1000))
     assert not msgs
+
+
+def test_practically_equal_ratios_are_exact_and_wide_ones_keep_their_tail():
+    """Ratios with a Pareto tail of shape 0.9 squeezed to within 30% of their median (a shape is
+    invariant under scaling the exceedances): the tail alone says "bad", the Gaussian's check says
+    exact. A Gaussian 0.55 times as wide as its target (theory: k = 1 - 0.55^2 = 0.70) keeps its
+    fitted k-hat."""
+    w = np.exp(_gpd_log_ratios(0.9, 1000, 2))
+    med = np.median(w)
+    squeezed = np.log1p(0.3 * (w - med) / (w.max() - med))            # largest ratio 1.3 x the median
+    assert float(psis.pareto_khat(jnp.asarray(squeezed))) > 0.7
+    zeros = jnp.zeros(1000)
+    assert float(psis.gaussian_ratio_khat(jnp.asarray(squeezed), zeros)) == -np.inf
+    z = np.random.default_rng(0).normal(size=1000)
+    log_q = -0.5 * z ** 2
+    k = float(psis.gaussian_ratio_khat(jnp.asarray(-0.5 * (0.55 * z) ** 2), jnp.asarray(log_q)))
+    assert 0.7 < k < 0.95                                              # measured 0.82
+
+
+def test_clients_are_named_only_when_the_global_check_fails_or_is_missing():
+    clients = np.array([0.2, 0.9, 0.3])
+    assert psis.message(clients, 0.3) is None                   # the answer passes its own check
+    assert "client 1: 0.90" in psis.message(clients, None)      # no global check: the clients speak
+    assert "client 1: 0.90" in psis.message(clients, float("nan"))
+    m = psis.message(clients, 0.8)
+    assert "global Gaussian against the exact posterior: 0.80" in m and "client 1: 0.90" in m
+    assert "inf" in psis.message(None, float("inf"))            # no draw where the target lives
+
+
+def test_ep_on_a_poisson_factor_likelihood_does_not_warn():
+    """Before the practically-equal rule: global k-hat 0.98 and clients 0.69-1.01 with every ratio
+    within a factor of 1.25 of the median; EP's Gaussian is within 0.04 sd and 0.95-1.01 of pooled
+    NUTS's sds there (benchmarks/results/any_model.md)."""
+    from fedprob.models.examples import factor_poisson
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=400)
+    y = rng.poisson(np.exp(0.6 * x + 0.3)).astype(np.float32)
+    fed = fp.data.partition(x[:, None].astype(np.float32), y, num_clients=4, seed=0)
+    r, msgs = _run(fp.algorithms.EP(), factor_poisson, fed)
+    assert not msgs
+    assert r.global_khat <= 0.7 and np.all(r.client_khat[np.isfinite(r.client_khat)] <= 0.7)
