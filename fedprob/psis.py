@@ -107,8 +107,8 @@ def gaussian_ratio_khat(log_pi, log_q):
     the median (and within the log densities' rounding error of each other).
 
     A near-Gaussian target that is slightly skewed (a Poisson or binomial likelihood at a few hundred
-    rows) makes ``log pi - log q`` a small cubic in the draw, unbounded in the tail: the fitted tail
-    shape then comes out near 1 though every weight of 1,000 draws is within a few percent of the
+    rows) makes ``log pi - log q`` grow slowly in the far tail of the draws: the fitted tail
+    shape can then come out near 1 though every weight of 1,000 draws is within a few percent of the
     others (measured: EP on a Poisson GLM written as a factor, k-hat 0.98 with ratios within a
     factor of 1.25 of the median). Such a tail holds none of the target's mass that matters; the
     diagnostic reports it as the exact case. Where a Gaussian misses mass (the eight-schools funnel, a horseshoe
@@ -198,13 +198,11 @@ def client_khats(algorithm, ctx, server_state, client_states, data, client_diagn
     ``khat`` from their client update (:meth:`OneRoundAlgorithm.client_khat`), read here from
     each client's latest included round.
     """
-    K = ctx.num_clients
-    if not applies(ctx.potential):
-        return None
-    fits = None if data is None else algorithm.gaussian_fits(ctx, server_state, client_states, data)
-    if fits is not None:
-        q, targets = fits
-        return np.asarray(_khat_all(ctx.potential, NUM_DRAWS, q, targets, _clients_key(seed)), float)
+    return run_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, None, seed)[0]
+
+
+def _reported_khats(K, client_diagnostics):
+    """(K,) the ``khat`` the clients reported in their latest included round (NaN: none), or None."""
     out, found = np.full(K, np.nan), False
     for entry in client_diagnostics or ():
         if "khat" not in entry:
@@ -225,13 +223,15 @@ def run_khats(algorithm, ctx, server_state, client_states, data, client_diagnost
         return None, None
     use_global = global_q is not None and data is not None
     fits = None if data is None else algorithm.gaussian_fits(ctx, server_state, client_states, data)
-    if fits is not None and use_global:
-        q, targets = fits
-        kc, kg = _both_khats(ctx.potential, NUM_DRAWS, q, targets, global_q, data, _clients_key(seed),
-                             _global_key(seed))
-        return np.asarray(kc, float), float(kg)
-    khat = client_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, seed)
-    return khat, (global_khat(ctx.potential, global_q, data, seed) if use_global else None)
+    if fits is None:
+        khat = _reported_khats(ctx.num_clients, client_diagnostics)
+        return khat, (global_khat(ctx.potential, global_q, data, seed) if use_global else None)
+    q, targets = fits
+    if not use_global:
+        return np.asarray(_khat_all(ctx.potential, NUM_DRAWS, q, targets, _clients_key(seed)), float), None
+    kc, kg = _both_khats(ctx.potential, NUM_DRAWS, q, targets, global_q, data, _clients_key(seed),
+                         _global_key(seed))
+    return np.asarray(kc, float), float(kg)
 
 
 def applies(potential) -> bool:
