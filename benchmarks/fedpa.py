@@ -18,7 +18,9 @@ files). The full run writes ``benchmarks/results/fedpa.json`` and ``fedpa.md``.
     full run (O(d^3): 10K would need a 400 MB matrix and minutes).
 (c) Distance to the global optimum per round on 10 heterogeneous
     least-squares clients (d = 50, start at distance ~140 as in the authors'
-    demo): FedAvg, FedPA-IASG, FedPA-NUTS (exact local moments).
+    demo): FedAvg, the paper's FedPA (``family="diag"``) over IASG and over NUTS (exact local
+    moments), and ``FedPA()`` at the library's defaults (d <= 100: full client covariances, the
+    Newton server step, SGHMC clients).
 (d) Real data with equal local computation per round (every client takes the
     same number of minibatch gradient steps): logistic regression on UCI
     Credit Approval (10 clients, Dirichlet 0.5 over labels) and a 784-100-10
@@ -262,19 +264,21 @@ def synthetic_curves(quick=False, rounds=None):
     algos = {
         "fedavg": fp.algorithms.FedAvg(local_steps=steps, batch_size=32, learning_rate=0.02),
         # the IASG learning rate adapted during its local burn-in (0.5 / lambda_max), 3 FedAvg rounds first
-        "fedpa": FedPA(client=fp.inference.IASG(step_size=None, num_burnin=half, steps_per_sample=half // NUM_DRAWS,
+        "fedpa": FedPA(family="diag", client=fp.inference.IASG(step_size=None, num_burnin=half, steps_per_sample=half // NUM_DRAWS,
                                                 num_samples=NUM_DRAWS, batch_size=32), burn_in_rounds=3),
     }
     if not quick:
-        algos["fedpa_iasg_lr0.02"] = FedPA(client=fp.inference.IASG(
+        algos["fedpa_iasg_lr0.02"] = FedPA(family="diag", client=fp.inference.IASG(
             step_size=0.02, num_burnin=half, steps_per_sample=half // NUM_DRAWS, num_samples=NUM_DRAWS, batch_size=32),
             burn_in_rounds=3)
-        algos["fedpa_iasg_no_burn_in_rounds"] = FedPA(client=fp.inference.IASG(
+        algos["fedpa_iasg_no_burn_in_rounds"] = FedPA(family="diag", client=fp.inference.IASG(
             step_size=None, num_burnin=half, steps_per_sample=half // NUM_DRAWS, num_samples=NUM_DRAWS, batch_size=32),
             burn_in_rounds=0)
-        algos["fedpa_nuts"] = FedPA(client=fp.inference.NUTS(num_warmup=200, num_samples=200))
-        algos["fedpa_nuts_rho1"] = FedPA(client=fp.inference.NUTS(num_warmup=200, num_samples=200),
+        algos["fedpa_nuts"] = FedPA(family="diag", client=fp.inference.NUTS(num_warmup=200, num_samples=200))
+        algos["fedpa_nuts_rho1"] = FedPA(family="diag", client=fp.inference.NUTS(num_warmup=200, num_samples=200),
                                          shrinkage=1.0, normalize=False, server_learning_rate=0.2)
+        # the library's default on d <= 100: full client covariances, Newton server step, SGHMC clients
+        algos["fedpa_default_full"] = FedPA()
     out = {}
     for name, algo in algos.items():
         out[name], out[name + "_sec_per_round"] = distance_curve(algo, linreg, fed, opt, rounds)
@@ -297,7 +301,7 @@ def real_data_algos(steps: int, lr: float, batch: int = 32):
         "fedavg": fp.algorithms.FedAvg(local_steps=steps, batch_size=batch, learning_rate=lr),
         "fedadam": fp.algorithms.FedAvg(local_steps=steps, batch_size=batch, learning_rate=lr,
                                         server_optimizer="adam", server_learning_rate=0.03),
-        "fedpa": FedPA(client=fp.inference.IASG(step_size=lr, num_burnin=half, steps_per_sample=half // NUM_DRAWS,
+        "fedpa": FedPA(family="diag", client=fp.inference.IASG(step_size=lr, num_burnin=half, steps_per_sample=half // NUM_DRAWS,
                                                 num_samples=NUM_DRAWS, batch_size=batch), burn_in_rounds=2),
     }
 

@@ -151,15 +151,75 @@ def distance(result, mean):
 
 @pytest.fixture(scope="module")
 def fig1_runs():
-    """FedAvg with many local steps, FedPA-NUTS near exact (rho_l = 0.01) and at its defaults, 15 rounds each."""
+    """FedAvg with many local steps; the paper's diagonal FedPA over NUTS near exact (rho_l = 0.01) and
+    at its default shrinkage, 15 rounds each; FedPA over NUTS at its default (full) family, 5 rounds."""
     fed, model, mean, cov = fig1_setup()
     avg = fp.run(fp.algorithms.FedAvg(local_steps=100, batch_size=None, learning_rate=0.1), model, fed,
                  rounds=15, progress=False)
     nuts = fp.inference.NUTS(num_warmup=100, num_samples=100)
-    exact = fp.run(FedPA(client=nuts, shrinkage=1.0, normalize=False, server_learning_rate=0.2), model, fed,
-                   rounds=15, progress=False)
-    default = fp.run(FedPA(client=nuts), model, fed, rounds=15, progress=False)
+    exact = fp.run(FedPA(client=nuts, shrinkage=1.0, normalize=False, server_learning_rate=0.2, family="diag"),
+                   model, fed, rounds=15, progress=False)
+    default = fp.run(FedPA(client=nuts, family="diag"), model, fed, rounds=15, progress=False)
     return fed, mean, cov, avg, exact, default
+
+
+@pytest.fixture(scope="module")
+def fig1_full():
+    fed, model, mean, cov = fig1_setup()
+    nuts = fp.inference.NUTS(num_warmup=100, num_samples=100)
+    return mean, cov, fp.run(FedPA(client=nuts), model, fed, rounds=5, progress=False)
+
+
+def test_full_family_reaches_the_global_posterior_mean_and_covariance(fig1_full):
+    """Default family on d = 2: the Newton server step lands on the product of the client Gaussians
+    in the first round, and the rounds' average brings the Monte Carlo error of 100 draws down."""
+    mean, cov, r = fig1_full
+    assert r.algorithm.family == "full" and r.algorithm.burn_in_rounds == 0
+    sd = np.sqrt(np.diag(cov))
+    got = np.asarray(r.posterior.mean["w"])
+    assert np.max(np.abs(got - mean) / sd) < 0.25
+    C = np.linalg.inv(np.asarray(r.posterior.form.precision))
+    np.testing.assert_allclose(np.sqrt(np.diag(C)) / sd, 1.0, atol=0.15)
+    corr = lambda M: M[0, 1] / np.sqrt(M[0, 0] * M[1, 1])
+    assert abs(corr(C) - corr(cov)) < 0.1
+    assert "full" in r.posterior.info["kind"]
+
+
+def test_full_family_newton_step_and_averaging_are_the_stated_formulas(x64):
+    """One server update of the full family against the formulas written out: the Newton step to the
+    product of two clients' Gaussians, and a second sampling round moving half way to its product."""
+    from fedprob.algorithms.base import Context
+    rng = np.random.default_rng(3)
+    d, l = 3, 60
+    theta = rng.normal(size=d)
+    X = [draws(rng, l, d), draws(rng, l, d) + 1.0]
+    n = np.array([40.0, 160.0])
+    msgs = [fedpa_full(X[k], theta, n[k]) for k in range(2)]
+    deltas = jnp.stack([m[0] for m in msgs])
+    precs = jnp.stack([m[1] for m in msgs])
+    # the client message: P = (n S)^-1 with S the sample covariance, delta = P (theta - mean)
+    P0 = np.linalg.inv(n[0] * np.cov(X[0].T))
+    np.testing.assert_allclose(np.asarray(precs[0]), P0, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(deltas[0]), P0 @ (theta - X[0].mean(0)), rtol=1e-4)
+    alg = FedPA(family="full", burn_in_rounds=0)
+    ctx = Context(potential=None, num_clients=2, client_sizes=n.astype(int), num_rows=200)
+    w = jnp.asarray(n / n.sum())
+    state = fp.algorithms.fedpa.FedPAState(jnp.asarray(theta), alg._server_opt().init(jnp.asarray(theta)),
+                                            jnp.zeros((), jnp.int32), 200.0 * jnp.eye(d))
+    new = alg.server_update(ctx, state, (deltas, precs), w, jnp.ones(2, bool))
+    Ps = [n[k] * np.asarray(precs[k]) for k in range(2)]
+    product = np.linalg.solve(Ps[0] + Ps[1], Ps[0] @ X[0].mean(0) + Ps[1] @ X[1].mean(0))
+    np.testing.assert_allclose(np.asarray(new.params), product, rtol=1e-8)
+    np.testing.assert_allclose(np.asarray(new.precision), Ps[0] + Ps[1], rtol=1e-8)
+    second = alg.server_update(ctx, new._replace(params=jnp.asarray(theta)), (deltas, precs), w,
+                               jnp.ones(2, bool))
+    np.testing.assert_allclose(np.asarray(second.params), 0.5 * (theta + product), rtol=1e-8)
+
+
+def fedpa_full(X, theta, n):
+    from fedprob.algorithms.fedpa import full_message
+    d, P, _ = full_message(jnp.asarray(X), jnp.asarray(theta), jnp.asarray(n), jnp.asarray(True))
+    return d, P
 
 
 def test_fig1_fedpa_with_nuts_reaches_the_global_mode_fedavg_does_not(fig1_runs):
@@ -215,7 +275,7 @@ def test_fig1_many_rounds_many_draws():
 def test_burn_in_rounds_send_fedavg_of_the_mean_and_the_round_counter_switches():
     fed, model, _, _ = fig1_setup()
     algo = FedPA(client=fp.inference.IASG(step_size=0.05, num_burnin=20, steps_per_sample=5, num_samples=6,
-                                          batch_size=16), burn_in_rounds=2, shrinkage=0.5)
+                                          batch_size=16), burn_in_rounds=2, shrinkage=0.5, family="diag")
     r = fp.run(algo, model, fed, rounds=4, progress=False)
     rho_l = r.metric("client_rho_l")
     np.testing.assert_allclose(rho_l, [1.0, 1.0, 1 / 3.5, 1 / 3.5], rtol=1e-6)

@@ -97,16 +97,23 @@ def test_fedavg_local_blocks_persist_across_rounds(x64):
 # -- FedPA and BayesADMM: the global marginal, each client's conditional ----------------------------------
 
 def test_fedpa_matches_the_exact_posterior_within_monte_carlo_error():
-    """NUTS clients sample (mu, a_k) under the 1/K prior share; the delta uses the mu draws. With the
-    shrinkage weight rho_l = 1/l (shrinkage=1) and the server step N / P (P the posterior precision of
-    mu) a sampling round is a Newton step onto the product of the clients' global marginals (the first,
-    from mu = 0, carries the Monte Carlo error of the clients' covariances times that distance: three
-    rounds); each client's a_k | mu, regressed on its draws, is averaged over the final Gaussian of mu."""
+    """NUTS clients sample (mu, a_k) under the 1/K prior share; the delta uses the mu draws. At the
+    default (full) family a sampling round is a Newton step onto the product of the clients' global
+    marginals, and the three rounds' products are averaged; each client's a_k | mu, regressed on its
+    draws, is averaged over the final Gaussian of mu. The paper's diagonal form with the shrinkage
+    weight rho_l = 1/l and the server step N / P (P the posterior precision of mu) is the same Newton
+    step in one dimension."""
     fed, clients = federation()
     mean, cov = exact_joint(clients)
     sd = np.sqrt(np.diag(cov))
-    algo = FedPA(client=NUTS(num_warmup=200, num_samples=500), shrinkage=1.0, normalize=False,
-                 server_learning_rate=float(N.sum() * cov[0, 0]), burn_in_rounds=0)
+    nuts = NUTS(num_warmup=200, num_samples=500)
+    for algo in (FedPA(client=nuts),
+                 FedPA(client=nuts, shrinkage=1.0, normalize=False, family="diag",
+                       server_learning_rate=float(N.sum() * cov[0, 0]), burn_in_rounds=0)):
+        check_fedpa_local(algo, fed, mean, sd)
+
+
+def check_fedpa_local(algo, fed, mean, sd):
     res = fp.run(algo, normal_normal, fed, rounds=3, progress=False)
     post = res.posterior
     assert abs(float(post.mean["mu"]) - mean[0]) < 0.25 * sd[0]

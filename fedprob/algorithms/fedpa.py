@@ -54,6 +54,30 @@ last round's participants (each client's mean-scale precision times ``N_k``:
 a product of the client Gaussians, the prior counted once through the 1/K
 shares); before any sampling round it is ``N`` in every coordinate.
 
+Family. The above is ``family="diag"``, the paper's algorithm, for large
+models. ``family="full"`` (the default up to :data:`FULL_MAX_DIM` global
+parameters) keeps each client's full covariance: ``Sigma_hat_k`` is the
+sample covariance of the draws times ``c_k`` (its correlations shrunk toward
+its own diagonal by OAS when there are fewer than 10 d draws,
+:func:`fedprob.gaussian.sample_covariance`: the marginal variances are kept,
+where the target ``I`` would replace them), the client sends
+``P_k (theta - mu_k)`` and ``P_k = Sigma_hat_k^-1`` (d x d), and the server
+step is preconditioned by their weighted mean,
+``theta <- theta - lr (sum_k q_k P_k)^-1 sum_k q_k P_k (theta - mu_k)``: at the
+default learning rate 1 one Newton step to the product of the client
+Gaussians, ``(sum_k P_k)^-1 sum_k P_k mu_k``, whatever the scale and the
+correlations of the problem. Its fixed point with exact client moments is
+the global posterior mean for Gaussian sub-posteriors, and the posterior is
+the full Gaussian ``N(theta, (N sum_k q_k P_k)^-1)``. The defaults of this
+family follow from it: no burn-in rounds (a sampler with its own burn-in
+reaches the sub-posterior from any start) and a sampler whose draws have the
+posterior's spread, :func:`full_client` (SGHMC at temperature 1, at least
+10 d draws); ``shrinkage`` and ``normalize`` are not used. A diagonal
+product of correlated clients is biased (the conditional precisions stand for
+the marginals): on 8 logistic-regression clients of 20 to 3,000 rows with
+correlated, shifted inputs, ``family="diag"`` over SGHMC left the mean 1.2
+posterior sd off and sds at 0.7x, ``"full"`` within 0.2 sd.
+
 Client-local sites (``infer={"local": True}``, :mod:`fedprob.local_sites`).
 The server point ``theta`` and every quantity above live on the global block.
 A client samples the joint of the global block and its own local sites,
@@ -74,12 +98,13 @@ took part get one too).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
 
 from ..inference.iasg import IASG
+from ..inference.sghmc import SGHMC
 from .. import local_sites as loc
 from ..posteriors import GlobalPosterior
 from ..potential import make_target
@@ -106,10 +131,21 @@ class FedPAClient(NamedTuple):
     local: loc.LocalConditional
 
 
+#: Largest number of global parameters for which ``family=None`` means ``"full"``.
+FULL_MAX_DIM = 100
+FAMILIES = ("full", "diag")
+
+
 def default_client() -> IASG:
-    """FedPA's default sampler: IASG with minibatches of 32 (Alg. 4)."""
+    """FedPA's default sampler under ``family="diag"``: IASG with minibatches of 32 (Alg. 4)."""
     return IASG(step_size=None, num_burnin=100, steps_per_sample=20, num_samples=10, batch_size=32,
                 init_strategy="prior")
+
+
+def full_client(dim: int) -> SGHMC:
+    """FedPA's default sampler under ``family="full"``: SGHMC at temperature 1 (draws with the
+    sub-posterior's spread, as the full covariance needs) with at least ``10 dim`` draws."""
+    return SGHMC(num_samples=max(200, gaussian.DRAWS_PER_DIM * int(dim)))
 
 
 def check_client(client) -> None:
@@ -125,7 +161,12 @@ class FedPA(Algorithm, ServerOptimizer):
         CyclicalSGHMC, NUTS); ``None`` is :func:`default_client`.
     shrinkage: the paper's ``rho >= 0``, ``None`` for ``1 / (l - 1)`` (half the
         weight on the target), or ``"oas"`` / ``"rblw"`` (data-driven).
-    burn_in_rounds: rounds that send FedAvg's delta ``theta - mu_k``.
+    burn_in_rounds: rounds that send FedAvg's delta ``theta - mu_k`` (None: 0 under ``"full"``, 2
+        under ``"diag"``).
+    average_rounds: under ``"full"``, the m-th sampling round's server step is 1/m of the Newton
+        step (and the precision a running mean): the server point is the mean of the rounds'
+        products, whose Monte Carlo error falls like 1/sqrt(rounds). None: on with plain server SGD at
+        learning rate 1.
     covariance_scale: ``"n"`` (draws of the untempered local posterior,
         covariance multiplied by ``N_k``) or a number.
     normalize: send ``rho_l delta_k`` (default; FedAvg's scale) or the paper's ``delta_k``.
@@ -133,13 +174,19 @@ class FedPA(Algorithm, ServerOptimizer):
         server optimiser ("sgd", "adam", "adagrad", "yogi" or a
         transformation), as in :class:`~fedprob.algorithms.FedAvg`.
     init_strategy: the server's starting point (default the prior centre).
+    family: ``"full"`` (client covariances kept whole, Newton server step),
+        ``"diag"`` (the paper's dynamic program and a diagonal posterior), or
+        None: ``"full"`` up to :data:`FULL_MAX_DIM` global parameters, else
+        ``"diag"`` (module docstring).
     """
 
     client: Any = None
     shrinkage: Union[None, float, str] = None
-    burn_in_rounds: int = 2
+    burn_in_rounds: Optional[int] = None
     covariance_scale: Union[str, float] = "n"
     normalize: bool = True
+    family: Optional[str] = None
+    average_rounds: Optional[bool] = None
 
     default_rounds = 10
 
@@ -154,7 +201,9 @@ class FedPA(Algorithm, ServerOptimizer):
         if not (self.covariance_scale == "n" or (not isinstance(self.covariance_scale, str)
                                                  and self.covariance_scale > 0)):
             raise ValueError(f"covariance_scale must be 'n' or a positive number, got {self.covariance_scale!r}")
-        if int(self.burn_in_rounds) < 0:
+        if self.family not in (None,) + FAMILIES:
+            raise ValueError(f"FedPA: family must be one of {FAMILIES} or None, got {self.family!r}")
+        if self.burn_in_rounds is not None and int(self.burn_in_rounds) < 0:
             raise ValueError(f"burn_in_rounds must be >= 0, got {self.burn_in_rounds}")
         self.check_server_options()
         if self.client is not None:
@@ -165,7 +214,34 @@ class FedPA(Algorithm, ServerOptimizer):
 
     @property
     def backend(self):
-        return default_client() if self.client is None else self.client
+        """The client backend when none depends on the model (``client`` given, or ``family="diag"``)."""
+        if self.client is not None:
+            return self.client
+        return default_client()
+
+    def family_for(self, dim: int) -> str:
+        """The family a run on ``dim`` global parameters uses."""
+        if self.family is not None:
+            return self.family
+        return "full" if dim <= FULL_MAX_DIM else "diag"
+
+    def backend_for(self, dim: int):
+        """The client backend a run on ``dim`` global parameters uses."""
+        if self.client is not None:
+            return self.client
+        return full_client(dim) if self.family_for(dim) == "full" else default_client()
+
+    def burn_in_for(self, dim: int) -> int:
+        """Rounds sending FedAvg's delta on ``dim`` global parameters."""
+        if self.burn_in_rounds is not None:
+            return int(self.burn_in_rounds)
+        return 0 if self.family_for(dim) == "full" else 2
+
+    def for_model(self, potential):
+        """The configuration with its defaulted family, client and burn-in settled for the model."""
+        dim = potential.dim_global
+        return dataclasses.replace(self, family=self.family_for(dim), burn_in_rounds=self.burn_in_for(dim),
+                                   client=self.backend_for(dim))
 
     def local_sites_refusal(self, potential):
         """None: the server works on the global block of the clients' joint draws (module docstring)."""
@@ -175,25 +251,30 @@ class FedPA(Algorithm, ServerOptimizer):
         pot = ctx.potential
         if not pot.local_sites:
             w, opt_state = self.server_start(pot, key)
-            prec = jnp.full_like(w, float(ctx.num_rows))
-            return FedPAState(w, opt_state, jnp.zeros((), jnp.int32), prec), ()
+            return FedPAState(w, opt_state, jnp.zeros((), jnp.int32), self._initial_precision(ctx, w)), ()
         z0 = pot.init(key, self.init_strategy)
         w = z0[:pot.dim_global]
-        state = FedPAState(w, self._server_opt().init(w), jnp.zeros((), jnp.int32),
-                           jnp.full_like(w, float(ctx.num_rows)))
+        state = FedPAState(w, self._server_opt().init(w), jnp.zeros((), jnp.int32), self._initial_precision(ctx, w))
         return state, stack_init(ctx.num_clients, FedPAClient(loc.initial_conditional(z0, pot.dim_global)))
+
+    def _initial_precision(self, ctx: Context, w):
+        """``N`` in every coordinate (``N I`` under the full family): the state before any sampling round."""
+        if self.family_for(w.shape[-1]) == "full":
+            return float(ctx.num_rows) * jnp.eye(w.shape[-1], dtype=w.dtype)
+        return jnp.full_like(w, float(ctx.num_rows))
 
     def _sample(self, ctx: Context, theta, client_state, data, key):
         """``(draws of the global block (l, d_g), new client state, backend result)``: the client's
         sampler on its sub-posterior, started at ``theta`` (and, with client-local sites, its local
         sites' conditional mean given ``theta``)."""
         target = make_target(data, ctx.dim, prior_weight=1.0 / ctx.num_clients, dtype=theta.dtype)
+        backend = self.backend_for(theta.shape[-1])
         if not isinstance(client_state, FedPAClient):
-            res = self.backend.run(key, ctx.potential, target, theta)
+            res = backend.run(key, ctx.potential, target, theta)
             return res.posterior.draws.astype(theta.dtype), client_state, res
         cond = client_state.local
         start_l = cond.mean + cond.slope @ (theta - cond.anchor)
-        res = self.backend.run(key, ctx.potential, target, jnp.concatenate([theta, start_l.astype(theta.dtype)]))
+        res = backend.run(key, ctx.potential, target, jnp.concatenate([theta, start_l.astype(theta.dtype)]))
         draws = res.posterior.draws.astype(theta.dtype)
         draws = draws.reshape(-1, draws.shape[-1])
         dg = theta.shape[-1]
@@ -212,24 +293,44 @@ class FedPA(Algorithm, ServerOptimizer):
         draws, client_state, res = self._sample(ctx, theta, client_state, data, key)
         n = jnp.maximum(data.n, 1).astype(theta.dtype)
         scale = n if self.covariance_scale == "n" else jnp.asarray(self.covariance_scale, theta.dtype)
-        sampling = server_state.round >= self.burn_in_rounds
+        sampling = server_state.round >= self.burn_in_for(theta.shape[-1])
+        diag = {k: v for k, v in res.diagnostics.items() if k != DRAW_STATS and jnp.ndim(v) == 0}
+        if self.family_for(theta.shape[-1]) == "full":
+            d, prec, weight = full_message(draws, theta, scale, sampling)
+            diag["rho_l"] = weight
+            diag["delta_norm"] = jnp.linalg.norm(d)
+            return client_state, (d, prec), diag
         rho = jnp.where(sampling, self._rho(draws, scale), 0.0)
         rho_l = 1.0 / (1.0 + (draws.shape[0] - 1) * rho)
         d = dp.delta(draws, theta, rho, scale)
         if self.normalize:
             d = rho_l * d
         prec = dp.precision_diagonal(draws, rho, scale)
-        diag = {k: v for k, v in res.diagnostics.items() if k != DRAW_STATS and jnp.ndim(v) == 0}
         diag["rho_l"] = rho_l
         diag["delta_norm"] = jnp.linalg.norm(d)
         return client_state, (d, prec), diag
 
     def server_update(self, ctx: Context, server_state, messages, weights, mask):
         deltas, precs = messages
-        params, opt_state = self.server_step(server_state.params, server_state.opt_state,
-                                             weighted_mean(deltas, weights, mask))
-        prec = float(ctx.num_rows) * weighted_mean(precs, weights, mask)
+        step = weighted_mean(deltas, weights, mask)
+        mean_prec = weighted_mean(precs, weights, mask)
+        prec = float(ctx.num_rows) * mean_prec
+        if mean_prec.ndim == 2:                     # full family: the Newton step (module docstring)
+            step = newton_step(mean_prec, step)
+            if self.averages_rounds():
+                # the m-th sampling round moves 1/m of the way: the running mean of the rounds' products
+                m = jnp.maximum(server_state.round - self.burn_in_for(step.shape[-1]) + 1, 1).astype(step.dtype)
+                step = step / m
+                prec = server_state.precision + (prec - server_state.precision) / m
+        params, opt_state = self.server_step(server_state.params, server_state.opt_state, step)
         return FedPAState(params, opt_state, server_state.round + 1, prec)
+
+    def averages_rounds(self) -> bool:
+        """Whether the full family averages its sampling rounds (``average_rounds``; None: with plain
+        server SGD at learning rate 1)."""
+        if self.average_rounds is not None:
+            return bool(self.average_rounds)
+        return self.server_optimizer == "sgd" and not self.server_momentum and self.server_learning_rate == 1.0
 
     def refresh_local(self, ctx: Context, server_state, client_state, data, key):
         """``(state, finite)``: the client's local conditional regressed on a fresh run of its sampler
@@ -243,8 +344,12 @@ class FedPA(Algorithm, ServerOptimizer):
         return message[0]
 
     def with_update(self, ctx: Context, message, update):
-        """``(update, 1)``: the precision diagonal is replaced by the data-independent 1 (see fedprob.privacy)."""
-        return update, jnp.ones_like(message[1])
+        """``(update, 1)``: the precision (diagonal) is replaced by the data-independent 1 (``I`` under the
+        full family; see fedprob.privacy)."""
+        prec = message[1]
+        if prec.ndim >= 2 and prec.shape[-1] == prec.shape[-2] and prec.shape[-1] == update.shape[-1]:
+            return update, jnp.broadcast_to(jnp.eye(prec.shape[-1], dtype=prec.dtype), prec.shape)
+        return update, jnp.ones_like(prec)
 
     def gaussian_fits(self, ctx: Context, server_state, client_states, data):
         """The global Gaussian against each client's tilted target: the global with the client's
@@ -261,7 +366,8 @@ class FedPA(Algorithm, ServerOptimizer):
 
     def posterior(self, ctx: Context, server_state, client_states):
         g = gaussian.from_mean_precision(server_state.params, server_state.precision)
-        info = {"kind": "FedPA: server point with a diagonal Gaussian from the last round's client moments "
+        shape = "full" if server_state.precision.ndim == server_state.params.ndim + 1 else "diagonal"
+        info = {"kind": f"FedPA: server point with a {shape} Gaussian from the last round's client moments "
                         "(an approximation)"}
         local = None
         if isinstance(client_states, FedPAClient):
@@ -271,4 +377,36 @@ class FedPA(Algorithm, ServerOptimizer):
         return GlobalPosterior(ctx.potential, g, info=info, local=local)
 
 
-__all__ = ["FedPA", "FedPAState", "FedPAClient", "default_client"]
+def full_message(draws, theta, scale, sampling):
+    """``(P (theta - mu), P, w)`` of one client under the full family: ``P`` the inverse of ``scale``
+    times the draws' covariance (shrunk toward its diagonal below 10 d draws, with OAS weight ``w``),
+    ``mu`` their mean; ``(theta - mu, I, 1)`` in a burn-in round (``sampling`` False)."""
+    l, dim = draws.shape
+    mu = jnp.mean(draws, 0)
+    if l < 2:
+        raise ValueError("FedPA(family='full') needs at least 2 draws per client")
+    if l < gaussian.DRAWS_PER_DIM * dim:
+        cov, weight = gaussian.shrinkage_covariance(draws)
+    else:
+        cov, weight = gaussian.sample_covariance(draws, shrink=False), jnp.zeros((), draws.dtype)
+    cov = scale * (cov + jnp.diag(1e-6 * jnp.diagonal(cov) + 1e-30))   # jitter relative to each variance
+    chol = jnp.linalg.cholesky(cov)
+    eye = jnp.eye(dim, dtype=draws.dtype)
+    P = jax.scipy.linalg.cho_solve((chol, True), eye)
+    P = 0.5 * (P + P.T)
+    delta = P @ (theta - mu)
+    return (jnp.where(sampling, delta, theta - mu), jnp.where(sampling, P, eye),
+            jnp.where(sampling, weight, 1.0).astype(draws.dtype))
+
+
+def newton_step(mean_precision, mean_delta):
+    """``(sum q_k P_k)^-1 sum q_k P_k (theta - mu_k)`` by a Cholesky solve (a least-squares solve if the
+    averaged precision is not positive definite, e.g. a single client's singular burn-in)."""
+    P = 0.5 * (mean_precision + mean_precision.T)
+    chol = jnp.linalg.cholesky(P)
+    ok = jnp.all(jnp.isfinite(chol))
+    return jax.lax.cond(ok, lambda: jax.scipy.linalg.cho_solve((chol, True), mean_delta),
+                        lambda: jnp.linalg.lstsq(P, mean_delta)[0])
+
+
+__all__ = ["FedPA", "FedPAState", "FedPAClient", "default_client", "full_client", "FULL_MAX_DIM"]
