@@ -24,7 +24,7 @@ Usage::
 
     python benchmarks/any_model.py                 # writes benchmarks/results/any_model.{json,md}
     python benchmarks/any_model.py --quick         # 2 models x 3 algorithms, writes nothing
-    python benchmarks/any_model.py --models zip --algorithms PVI,FedPA
+    python benchmarks/any_model.py --models zip --algorithms PVI,FedPA   # replaces those rows of the table
 """
 from __future__ import annotations
 
@@ -226,9 +226,19 @@ def main(argv=None):
     if not a.quick:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
+        if (a.models or a.algorithms) and (out / "any_model.json").exists():
+            rows = merged_rows(json.loads((out / "any_model.json").read_text())["rows"], rows)
+            md = markdown(rows, meta)
         (out / "any_model.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         (out / "any_model.md").write_text(md)
     return rows
+
+
+def merged_rows(old, new):
+    """The stored table with the (model, algorithm) rows of a subset run replaced (new pairs appended)."""
+    fresh = {(r["model"], r["algorithm"]): r for r in new}
+    out = [fresh.pop((r["model"], r["algorithm"]), r) for r in old]
+    return out + list(fresh.values())
 
 
 if __name__ == "__main__":
