@@ -124,8 +124,9 @@ def global_chains(result, num_draws: int, num_chains: int, seed: int):
         from .algorithms.fedpa import FedPA
 
         if isinstance(result.algorithm, FedPA):
-            desc += ("; FedPA's Gaussian approximation: a diagonal Gaussian centred at the server point, its "
-                     "precision from the last round's client draws (not draws of a global sampler)")
+            shape = "diagonal" if post.form.is_diag else "full"
+            desc += (f"; FedPA's Gaussian approximation: a {shape} Gaussian centred at the server point, its "
+                     "precision from the client draws (not draws of a global sampler)")
         return kind, z, desc
     if kind == "ensemble":
         ids, x = client_chains(result)            # (C, S, K, d) -> chain c interleaves every client's chain c

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import psis
+from . import convergence, psis
 from .algorithms.base import Algorithm, Context
 from .posteriors import Gaussian, GlobalPosterior
 from .protocols import DRAW_STATS
@@ -167,7 +167,9 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
             seed: int = 0) -> Result:
     """The :class:`Result` of a finished run; warns (RuntimeWarning) when rounds left clients out, and
     once when a client's Gaussian has a Pareto k-hat above 0.7 (:mod:`fedprob.psis`; ``data``: the
-    stacked client data, needed by the iterative Gaussian methods' check after the last round).
+    stacked client data, needed by the iterative Gaussian methods' check after the last round), and
+    when a point-estimate method stopped more than 0.3 posterior sd from the global mode
+    (:mod:`fedprob.convergence`).
 
     ``posterior``: the final states' posterior when the caller has it already (the last round's
     evaluation), so that it is not computed, nor its checks warned, twice.
@@ -188,6 +190,9 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
     if psis.message(khat, gk) is not None:
         result.__dict__.setdefault("_warned", set()).add("khat")
         psis.warn(khat, gk, stacklevel=3)
+    dist = convergence.check(algorithm, ctx, posterior, data, len(log.history), stacklevel=3)
+    if dist is not None:
+        result.info["mode_distance_sd"] = dist
     return result
 
 

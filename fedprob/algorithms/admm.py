@@ -38,6 +38,9 @@ class ADMM(Configured):
         return NaturalLoop(client=client, family="isotropic", rho=rho, damping="rho", alpha="admm",
                            delta=self.delta, prediction="mean")
 
+    #: the result is a point meant to be the global posterior mode (checked: fedprob.convergence)
+    reports_mode = True
+
     def reports_point(self) -> bool:
         """Always: the result is the point ``w_g`` (the isotropic family's covariance is the prior's)."""
         return True

@@ -68,6 +68,8 @@ class Algorithm(CheckedKeywords):
     argument is a TypeError naming the closest field, :class:`fedprob.names.CheckedKeywords`)."""
 
     default_rounds: int = 1
+    #: True where the result is a point meant to be the global posterior mode (fedprob.convergence)
+    reports_mode: bool = False
 
     def rounds_for(self, num_clients: int, client_sizes, clients_per_round: int) -> int:
         """Rounds ``fp.run`` takes when none are given: :attr:`default_rounds`."""

@@ -56,6 +56,8 @@ class FedDyn(Algorithm):
     init_strategy: str = "center"
 
     default_rounds = 10
+    #: the result is a point meant to be the global posterior mode (checked: fedprob.convergence)
+    reports_mode = True
 
     def __post_init__(self):
         if not float(self.alpha) > 0:

@@ -80,6 +80,9 @@ class FedLap(Configured):
         return NaturalLoop(client=client, family="isotropic", rho=1.0, damping=self.damping, alpha=1.0,
                            delta=self.delta, prediction=self.prediction)
 
+    #: the result is a point meant to be the global posterior mode (checked: fedprob.convergence)
+    reports_mode = True
+
     def reports_point(self) -> bool:
         """The point ``w_g`` unless ``prediction="average"`` asks for the isotropic Gaussian."""
         return self.prediction == "mean"
