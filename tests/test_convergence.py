@@ -1,0 +1,109 @@
+"""Point methods at their defaults: a client SGD rate that follows the curvature, and the distance to
+the global posterior mode reported (and warned about) after the last round.
+
+Oracles: conjugate least squares, whose posterior is N(mean, cov) in closed form, so the distance of
+any point to the mode in posterior sds is ``max_i |w_i - mean_i| / sd_i`` exactly, and the client's
+mean-loss curvature is ``lambda_max(X'X / sigma^2 + I / (K s^2)) / n``.
+"""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fedprob as fp
+from conftest import linreg_exact_posterior, linreg_model
+from fedprob import convergence
+from fedprob.potential import get_potential
+
+SIGMA, PRIOR = 0.5, 10.0
+
+
+def shifted_clients(seed=7, sizes=(30, 60, 120, 250, 500), shift=1.5, corr=0.7):
+    """Least squares over clients of unequal sizes with correlated inputs shifted per client."""
+    rng = np.random.default_rng(seed)
+    d = 3
+    L = np.linalg.cholesky(np.full((d, d), corr) + (1 - corr) * np.eye(d))
+    w = np.array([1.5, -1.0, 0.5])
+    out = []
+    for n in sizes:
+        X = (rng.normal(size=(n, d)) @ L.T + rng.normal(scale=shift, size=d)).astype(np.float32)
+        out.append((X, (X @ w + SIGMA * rng.normal(size=n)).astype(np.float32)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def problem():
+    clients = shifted_clients()
+    fed = fp.data.FederatedData.from_clients(clients)
+    mean, cov = linreg_exact_posterior([c[0] for c in clients], [c[1] for c in clients], SIGMA, PRIOR)
+    return clients, fed, mean, cov, linreg_model(PRIOR, SIGMA)
+
+
+def test_mode_distance_is_the_exact_distance_in_posterior_sds(problem):
+    clients, fed, mean, cov, model = problem
+    pot = get_potential(model, fed)
+    sd = np.sqrt(np.diag(cov))
+    data = fed.client_data()
+    for shift in ([0.0, 0.0, 0.0], [0.5, 0.0, 0.0], [0.0, -2.0, 1.0]):
+        w = mean + np.asarray(shift) * sd
+        got = convergence.mode_distance(pot, jnp.asarray(w, jnp.float32), data)
+        assert got == pytest.approx(max(np.abs(shift)), abs=0.02)
+
+
+def test_default_fedavg_does_not_diverge_on_badly_scaled_inputs_and_says_it_has_not_converged(problem):
+    """A fixed rate 0.1 took the server to 1e25 in 10 rounds here (lambda_max of the mean loss about
+    40); the capped rate stays finite and the result says how far it is from the mode."""
+    clients, fed, mean, cov, model = problem
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        r = fp.run(fp.algorithms.FedAvg(), model, fed, progress=False)
+    w = np.asarray(r.posterior.mean["w"])
+    assert np.all(np.isfinite(w))
+    dist = np.max(np.abs(w - mean) / np.sqrt(np.diag(cov)))
+    assert r.info["mode_distance_sd"] == pytest.approx(dist, rel=0.05)
+    msgs = [str(x.message) for x in rec if "has not converged" in str(x.message)]
+    assert len(msgs) == 1 and "FedAvg" in msgs[0] and "posterior sd" in msgs[0]
+    rates = r.metric("client_learning_rate")
+    assert np.all(rates < 0.1) and np.all(rates > 0)
+
+
+def test_adapted_rate_is_one_over_the_full_batch_curvature(problem):
+    """Full batch: the power iteration's curvature is the exact lambda_max of the mean loss."""
+    clients, fed, mean, cov, model = problem
+    algo = fp.algorithms.FedAvg(batch_size=None, local_steps=1)
+    r = fp.run(algo, model, fed, rounds=1, progress=False)
+    K = len(clients)
+    want = []
+    for X, _ in clients:
+        X = X.astype(np.float64)
+        H = (X.T @ X / SIGMA ** 2 + np.eye(3) / (K * PRIOR ** 2)) / len(X)
+        want.append(min(0.1, 1.0 / np.linalg.eigvalsh(H).max()))
+    got = np.asarray(r.client_diagnostics[0]["learning_rate"])
+    np.testing.assert_allclose(got, want, rtol=0.03)
+
+
+def test_a_converged_point_does_not_warn_and_a_given_rate_is_used_as_it_is():
+    """iid clients, one full-batch step per round at a given rate: FedAvg is then gradient descent on the
+    global objective and reaches the mode (distance below 0.3, no warning); with 20 local steps it stops
+    at its own fixed point (the clients' optima averaged: client drift), about 1 sd away, and says so.
+    A rate given is not capped (no learning_rate diagnostic)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + SIGMA * rng.normal(size=200)).astype(np.float32)
+    fed = fp.data.partition(X, y, num_clients=4, scheme="iid", seed=0)
+    model = linreg_model(PRIOR, SIGMA)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        r = fp.run(fp.algorithms.FedAvg(batch_size=None, local_steps=1, learning_rate=0.2), model, fed,
+                   rounds=60, progress=False)
+    assert r.info["mode_distance_sd"] < 0.05
+    assert not [x for x in rec if "has not converged" in str(x.message)]
+    assert "learning_rate" not in r.client_diagnostics[0]
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        drift = fp.run(fp.algorithms.FedAvg(batch_size=None, local_steps=20, learning_rate=0.05), model, fed,
+                       rounds=10, progress=False)
+    assert drift.info["mode_distance_sd"] > 0.5
+    assert [x for x in rec if "has not converged" in str(x.message)]
