@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import __future__
 import inspect
 from typing import Iterable, Optional
 
@@ -121,7 +122,7 @@ def public_names(namespace: dict, kind=None) -> list:
     """The public names of a module namespace (of type ``kind`` when given: e.g. the Algorithm subclasses)."""
     out = []
     for k, v in namespace.items():
-        if k.startswith("_") or inspect.ismodule(v):
+        if k.startswith("_") or inspect.ismodule(v) or isinstance(v, __future__._Feature):
             continue
         if kind is not None and not (isinstance(v, type) and issubclass(v, kind) and v is not kind):
             continue

@@ -115,3 +115,7 @@ def eight_schools(X, y=None):
 
 __all__ = ["robust_regression", "zero_inflated_poisson", "ordinal_regression", "binomial_groups", "known_scales",
            "factor_poisson", "horseshoe_logistic", "eight_schools", "NUM_ORDINAL_CLASSES", "NUM_GROUPS"]
+
+from fedprob.names import module_getattr as _module_getattr  # noqa: E402
+
+__getattr__ = _module_getattr(__name__, globals(), "example model or attribute")

@@ -95,3 +95,9 @@ def test_likelihood_prior_and_deterministic_sites_match_the_densities_by_hand(na
         np.testing.assert_allclose(float(pot.log_likelihood(z, X, y)), ll, rtol=2e-4, atol=2e-3)
         if name in ("known_scales", "binomial_groups", "factor_poisson"):    # real support: no Jacobian
             np.testing.assert_allclose(float(pot.log_prior(z)), lp, rtol=2e-4, atol=2e-3)
+
+
+def test_a_misspelt_example_names_the_closest_one():
+    with pytest.raises(AttributeError, match="did you mean 'zero_inflated_poisson'") as e:
+        ex.zero_inflated_poison
+    assert "annotations" not in str(e.value)
