@@ -231,6 +231,9 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     K = fed.num_clients
     M = K if clients_per_round is None else int(clients_per_round)
     rounds = algorithm.rounds_for(K, fed.client_sizes, M) if rounds is None else int(rounds)
+    from ..potential import get_potential
+
+    algorithm = algorithm.for_model(get_potential(model, fed, model_kwargs))   # defaults that follow the model
     ctx, data, templates = prepare(algorithm, model, fed, seed, model_kwargs)
     evald = check_eval_data(eval_data, ctx.potential)
     sink: dict = {}

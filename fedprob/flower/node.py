@@ -71,6 +71,7 @@ class NodeCompute:
         algo, model, mkw, num_classes = self._model(cfg)
         Xp, yp = nodedata.padded(self.rows, n_max)
         potential = nodedata.check_against(dict(self.rows, X=Xp, y=yp), model, mkw, num_classes)
+        algo = algo.for_model(potential)                          # the server's configuration (strategy.py)
         ctx = Context(potential, K, np.asarray(sizes, np.int32), int(sum(sizes)))
         stacked = ClientData(jax.ShapeDtypeStruct((K,) + Xp.shape, Xp.dtype),
                              jax.ShapeDtypeStruct((K,) + yp.shape, yp.dtype),

@@ -204,6 +204,7 @@ class FedprobStrategy(Strategy):
             raise ValueError(f"the model marks {list(potential.local_sites)} as client-local "
                              "(infer={'local': True}); the Flower deployment does not take client-local "
                              "sites yet")
+        self.algorithm = self.algorithm.for_model(potential)      # defaults that follow the model, as fp.run's
         self.ctx = ctx = Context(potential, K, sizes, int(sizes.sum()))
         self.sizes, self.n_max = sizes, n_max
         M = K if self.M is None else int(self.M)
