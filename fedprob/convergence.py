@@ -16,6 +16,16 @@ the run warns that it has not converged (``Result.info["mode_distance_sd"]``
 holds the number in every case). Where ``H`` is not positive definite ``w``
 is not near a mode and the distance is reported as infinite.
 
+Diagonal families (FedLap-Cov; PVI and BayesADMM with ``family="diag"``)
+cannot reach the global posterior where parameters are correlated: their
+product keeps each client's conditional precisions. :func:`diagonal_check`
+compares such a result with the full Laplace approximation at its mean (the
+same Newton step, and ``sqrt(diag(H^-1))`` against the Gaussian's sds) and
+warns when its mean is more than :data:`TOLERANCE_SD` from the mode or an sd
+ratio falls outside :data:`SD_RATIO_RANGE` (``Result.info["diagonal_check"]``).
+On 8 logistic-regression clients with correlated, shifted inputs FedLap-Cov's
+sds were 0.77-0.91x pooled NUTS's.
+
 Only models with at most :data:`MAX_DIM` parameters and no client-local sites
 are checked (the d x d Hessian); networks have no single mode to reach.
 """
@@ -32,6 +42,8 @@ from .potential import make_target
 
 #: distance (posterior sds, largest over coordinates) above which a point method is said not to have converged
 TOLERANCE_SD = 0.3
+#: sds of a diagonal-family Gaussian over the full Laplace ones outside this range are warned about
+SD_RATIO_RANGE = (0.8, 1.25)
 #: largest number of parameters checked (a d x d Hessian)
 MAX_DIM = 100
 
@@ -40,7 +52,10 @@ def applies(potential) -> bool:
     return potential.dim <= MAX_DIM and not getattr(potential, "local_sites", ())
 
 
-def _distance_impl(potential, w, data):
+def _laplace_impl(potential, w, data):
+    """``(max_i |delta_i| / sd_i, sd)`` at ``w``: the Newton step ``delta = H^-1 g`` on the summed
+    objective in Laplace sds ``sd = sqrt(diag(H^-1))`` (inf and NaN sds where ``H`` is not positive
+    definite)."""
     K = data.n.shape[0]
 
     def log_post(z):
@@ -57,16 +72,16 @@ def _distance_impl(potential, w, data):
     delta = jax.scipy.linalg.cho_solve((L, True), g)
     Linv = jax.scipy.linalg.solve_triangular(L, jnp.eye(w.shape[-1], dtype=w.dtype), lower=True)
     sd = jnp.sqrt(jnp.sum(Linv * Linv, axis=0))            # sqrt(diag(H^-1)), H^-1 = L^-T L^-1
-    return jnp.where(ok, jnp.max(jnp.abs(delta) / sd), jnp.inf)
+    return jnp.where(ok, jnp.max(jnp.abs(delta) / sd), jnp.inf), jnp.where(ok, sd, jnp.nan)
 
 
-_distance = jax.jit(_distance_impl, static_argnums=(0,))
+_laplace = jax.jit(_laplace_impl, static_argnums=(0,))
 
 
 def mode_distance(potential, w, data) -> float:
     """``max_i |(H^-1 g)_i| / sqrt((H^-1)_ii)`` at the flat point ``w`` (module docstring); inf where
     ``H`` is not positive definite."""
-    return float(_distance(potential, jnp.asarray(w), data))
+    return float(_laplace(potential, jnp.asarray(w), data)[0])
 
 
 def point_of(algorithm, posterior) -> Optional[jax.Array]:
@@ -111,4 +126,47 @@ def check(algorithm, ctx, posterior, data, rounds: int, stacklevel: int = 4) -> 
     return dist
 
 
-__all__ = ["TOLERANCE_SD", "MAX_DIM", "applies", "mode_distance", "point_of", "message", "check"]
+def diagonal_family(algorithm) -> bool:
+    """Whether ``algorithm`` is a natural-parameter method run with a diagonal Gaussian family."""
+    loop = getattr(algorithm, "loop", None)
+    return loop is not None and getattr(loop(), "family", None) == "diag"
+
+
+def diagonal_message(name: str, report: dict) -> Optional[str]:
+    lo, hi, dist = report["sd_ratio_min"], report["sd_ratio_max"], report["mode_distance_sd"]
+    if not (lo < SD_RATIO_RANGE[0] or hi > SD_RATIO_RANGE[1] or dist > TOLERANCE_SD):
+        return None
+    return (f"{name}'s diagonal Gaussian is {dist:.2g} posterior sd from the global mode with sds "
+            f"{lo:.2f}-{hi:.2f} times the full Laplace approximation's there: a diagonal family keeps each "
+            "client's conditional precisions, so where the parameters are correlated the product is too "
+            "narrow, and biased where the clients' means also differ. Use family='full' (PVI, BayesADMM and "
+            "EPMCMC take it; PVI's default on models of up to 100 parameters). "
+            "See Result.info['diagonal_check'].")
+
+
+def diagonal_check(algorithm, ctx, posterior, data, stacklevel: int = 4) -> Optional[dict]:
+    """For a diagonal-family natural-parameter method (FedLap-Cov, PVI / BayesADMM with
+    ``family="diag"``) on at most :data:`MAX_DIM` parameters: its Gaussian against the full Laplace
+    approximation of the global posterior at its mean, ``{"mode_distance_sd", "sd_ratio_min",
+    "sd_ratio_max"}`` (the sds of the diagonal Gaussian over the Laplace ones), warning where the
+    distance is above :data:`TOLERANCE_SD` or a ratio outside :data:`SD_RATIO_RANGE`: the best its
+    structure allows is the mean-field fit, and correlated parameters put it off."""
+    if data is None or not applies(ctx.potential) or not diagonal_family(algorithm):
+        return None
+    form = getattr(posterior, "form", None)
+    if form is None or not getattr(form, "is_diag", False) or not hasattr(form, "variance"):
+        return None
+    dist, sd = _laplace(ctx.potential, form.mean(), data)
+    ratio = np.sqrt(np.asarray(form.variance())) / np.asarray(sd)
+    if not np.all(np.isfinite(ratio)):
+        return None
+    report = {"mode_distance_sd": float(dist), "sd_ratio_min": float(ratio.min()),
+              "sd_ratio_max": float(ratio.max())}
+    msg = diagonal_message(type(algorithm).__name__, report)
+    if msg is not None:
+        warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
+    return report
+
+
+__all__ = ["TOLERANCE_SD", "SD_RATIO_RANGE", "MAX_DIM", "applies", "mode_distance", "point_of", "message", "check",
+           "diagonal_family", "diagonal_message", "diagonal_check"]

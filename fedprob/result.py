@@ -193,6 +193,9 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
     dist = convergence.check(algorithm, ctx, posterior, data, len(log.history), stacklevel=3)
     if dist is not None:
         result.info["mode_distance_sd"] = dist
+    diag = convergence.diagonal_check(algorithm, ctx, posterior, data, stacklevel=3)
+    if diag is not None:
+        result.info["diagonal_check"] = diag
     return result
 
 

@@ -79,7 +79,8 @@ class FedAvg(Algorithm, ServerOptimizer):
     shifted by 1.5 sd: lambda_max 40, and 0.1 took the server to 1e25 in 10
     rounds). The rate used is the client diagnostic ``learning_rate``. With
     other optimisers None is the optimiser's own default (L-BFGS: line search;
-    adam, adagrad, yogi: 1e-2). A number is used as it is. init_strategy: the server's starting point (a
+    adam, adagrad, yogi: 1e-2). A number is used as it is.
+    init_strategy: the server's starting point (a
     :meth:`~fedprob.potential.Potential.init` strategy). The default
     ``"center"`` starts at the centre of the prior (a Normal prior's loc;
     neural network weights get their model's initialisation noise): a prior

@@ -158,7 +158,8 @@ class FedPA(Algorithm, ServerOptimizer):
     """Federated posterior averaging (module docstring for the math and scale).
 
     client: any sampling backend returning draws (IASG, SGLD, SGHMC,
-        CyclicalSGHMC, NUTS); ``None`` is :func:`default_client`.
+        CyclicalSGHMC, NUTS); ``None`` is :func:`full_client` under ``"full"``,
+        :func:`default_client` (IASG) under ``"diag"``.
     shrinkage: the paper's ``rho >= 0``, ``None`` for ``1 / (l - 1)`` (half the
         weight on the target), or ``"oas"`` / ``"rblw"`` (data-driven).
     burn_in_rounds: rounds that send FedAvg's delta ``theta - mu_k`` (None: 0 under ``"full"``, 2
