@@ -238,6 +238,11 @@ def _depends(jaxpr, marked_inputs) -> list:
     return [hit(v) for v in jaxpr.outvars]
 
 
+# the nested program of Potential._split_terms: the potential is static (hashed on its identity), so
+# equal potentials share one trace per argument shape
+_split_terms_jit = jax.jit(lambda potential, z, X, y, weights: potential._split_terms_traced(z, X, y, weights),
+                           static_argnums=0)
+
 def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     """Rows and per-row weights for one stochastic estimate of the log likelihood.
 
@@ -507,7 +512,16 @@ class Potential:
 
     def _split_terms(self, z: Array, X, y, weights):
         """(log prior of the global sites, log p(local sites | global sites), weighted log
-        likelihood), Jacobians included, from one trace; the middle term is 0.0 without local sites."""
+        likelihood), Jacobians included, from one trace; the middle term is 0.0 without local sites.
+
+        Every density of the potential goes through here, and a client update, a round or a check
+        asks for it many times (gradients, Hessians, per-row terms, prior parts): a nested ``jit``
+        keyed on the potential's identity traces the model once per argument shape and reuses that
+        program under ``grad``/``vmap``, where a plain call re-ran the model's Python each time."""
+        return _split_terms_jit(self, z, X, y, weights)
+
+    def _split_terms_traced(self, z: Array, X, y, weights):
+        """:meth:`_split_terms`, traced from the model (what the nested ``jit`` compiles)."""
         u = self.unravel(z)
         values = {}
         tr = self._trace_with(u, X, y, values)

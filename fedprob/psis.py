@@ -137,22 +137,23 @@ def rounding(*log_densities):
 def gaussian_khat(key, potential, q, target, num_draws: int = NUM_DRAWS):
     """k-hat of ``q`` (a :class:`~fedprob.posteriors.Gaussian`) as an importance proposal for
     ``target`` (a :class:`~fedprob.potential.LocalTarget`, its full-batch log density)."""
+    return gaussian_ratio_khat(*_draw_log_densities(key, potential, q, target, num_draws))
+
+
+def _draw_log_densities(key, potential, q, target, num_draws):
+    """``(log pi, log q)`` at ``num_draws`` draws of ``q`` (the importance ratios' two halves)."""
     z = q.sample(key, num_draws)
     log_pi = jax.lax.map(lambda zz: potential.log_density(zz, target), z, batch_size=min(num_draws, 64))
-    log_q = jax.vmap(q.log_prob)(z)
-    return gaussian_ratio_khat(log_pi, log_q)
+    return log_pi, jax.vmap(q.log_prob)(z)
 
 
-def _khat_all_impl(potential, num_draws, q, targets, key):
+def _clients_log_densities_impl(potential, num_draws, q, targets, key):
     K = jax.tree_util.tree_leaves(targets)[0].shape[0]
     keys = jax.random.split(key, K)
-    return jax.vmap(lambda k, t: gaussian_khat(k, potential, q, t, num_draws))(keys, targets)
+    return jax.vmap(lambda k, t: _draw_log_densities(k, potential, q, t, num_draws))(keys, targets)
 
 
-_khat_all = jax.jit(_khat_all_impl, static_argnums=(0, 1))
-
-
-def _global_khat_impl(potential, num_draws, q, data, key):
+def _global_log_densities_impl(potential, num_draws, q, data, key):
     K = data.n.shape[0]
     z = q.sample(key, num_draws)
 
@@ -162,20 +163,29 @@ def _global_khat_impl(potential, num_draws, q, data, key):
         return jnp.sum(per)
 
     log_pi = jax.lax.map(log_post, z, batch_size=min(num_draws, 32))
-    log_q = jax.vmap(q.log_prob)(z)
-    return gaussian_ratio_khat(log_pi, log_q)
+    return log_pi, jax.vmap(q.log_prob)(z)
 
 
-_global_khat = jax.jit(_global_khat_impl, static_argnums=(0, 1))
+def _both_log_densities_impl(potential, num_draws, q_clients, targets, q_global, data, key_clients, key_global):
+    return (_clients_log_densities_impl(potential, num_draws, q_clients, targets, key_clients),
+            _global_log_densities_impl(potential, num_draws, q_global, data, key_global))
 
 
-def _both_khats_impl(potential, num_draws, q_clients, targets, q_global, data, key_clients, key_global):
-    return (_khat_all_impl(potential, num_draws, q_clients, targets, key_clients),
-            _global_khat_impl(potential, num_draws, q_global, data, key_global))
+# The model-dependent part of a check (the log densities at the draws) is compiled per model; the clients'
+# and the global one in one program. The tail fit is the same program for every model and run
+# (``num_draws`` ratios): compiled once per process, it is applied to each row of ratios.
+_clients_log_densities = jax.jit(_clients_log_densities_impl, static_argnums=(0, 1))
+_global_log_densities = jax.jit(_global_log_densities_impl, static_argnums=(0, 1))
+_both_log_densities = jax.jit(_both_log_densities_impl, static_argnums=(0, 1))
+_ratio_khat = jax.jit(gaussian_ratio_khat)
 
 
-# the clients' and the global check in one program: one compile per model instead of two
-_both_khats = jax.jit(_both_khats_impl, static_argnums=(0, 1))
+def _ratio_khats(log_pi, log_q) -> np.ndarray:
+    """k-hat of each row of ``log_pi - log_q`` (..., S), by the shared compiled fit."""
+    log_pi, log_q = np.asarray(log_pi), np.asarray(log_q)
+    flat_pi, flat_q = log_pi.reshape(-1, log_pi.shape[-1]), log_q.reshape(-1, log_q.shape[-1])
+    out = [float(_ratio_khat(a, b)) for a, b in zip(flat_pi, flat_q)]
+    return np.asarray(out, float).reshape(log_pi.shape[:-1])
 
 
 def _global_key(seed):
@@ -192,7 +202,7 @@ def global_khat(potential, q, data, seed: int = 0) -> float:
     Federated, this is one more exchange: the server sends ``NUM_DRAWS`` draws of ``q``, each client
     returns its log likelihood at them, and the server sums (a masked sum, like every aggregate).
     """
-    return float(_global_khat(potential, NUM_DRAWS, q, data, _global_key(seed)))
+    return float(_ratio_khats(*_global_log_densities(potential, NUM_DRAWS, q, data, _global_key(seed))))
 
 
 def client_khats(algorithm, ctx, server_state, client_states, data, client_diagnostics, seed: int = 0):
@@ -234,10 +244,10 @@ def run_khats(algorithm, ctx, server_state, client_states, data, client_diagnost
         return khat, (global_khat(ctx.potential, global_q, data, seed) if use_global else None)
     q, targets = fits
     if not use_global:
-        return np.asarray(_khat_all(ctx.potential, NUM_DRAWS, q, targets, _clients_key(seed)), float), None
-    kc, kg = _both_khats(ctx.potential, NUM_DRAWS, q, targets, global_q, data, _clients_key(seed),
-                         _global_key(seed))
-    return np.asarray(kc, float), float(kg)
+        return _ratio_khats(*_clients_log_densities(ctx.potential, NUM_DRAWS, q, targets, _clients_key(seed))), None
+    clients, glob = _both_log_densities(ctx.potential, NUM_DRAWS, q, targets, global_q, data,
+                                        _clients_key(seed), _global_key(seed))
+    return _ratio_khats(*clients), float(_ratio_khats(*glob))
 
 
 def applies(potential) -> bool:

@@ -6,14 +6,21 @@ import numpy as np
 import pytest
 
 # The tests compile far more than they run: a federated run of a 3-parameter model compiles about 7 s of
-# XLA programs (its client phase, its round, its Pareto k-hat check) and runs for a tenth of a second.
-# At XLA's backend optimisation level 0 the suite's cold run took 23.7 min instead of about 28 on 2 cores,
-# every test passing (runtime-heavy tests run slower, compile-heavy ones much faster). Set before JAX is
-# imported, so xdist workers and the processes tests start (notebook kernels, Flower nodes) inherit it;
-# FEDPROB_TEST_XLA_O0=0 (or an XLA_FLAGS that sets the level) compiles at XLA's default level instead.
-if os.environ.get("FEDPROB_TEST_XLA_O0", "1") != "0" and \
-        "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# XLA programs (its client phase, its round, its Pareto k-hat check) and runs for a tenth of a second;
+# compiling (tracing, lowering, XLA) was 76% of the suite's time. Two XLA options cut it:
+# * backend optimisation level 0 (no LLVM optimisation): the cold run took 23.7 min instead of about 28;
+# * the CPU backend's older elemental emitters instead of its MLIR fusion emitters
+#   (--xla_cpu_use_fusion_emitters=false): half the XLA compile time of a round; test_ep.py and
+#   test_psis.py took 151 s instead of 194 s on one core.
+# Every test passes either way (runtime-heavy tests run slower, compile-heavy ones much faster). Set before
+# JAX is imported, so xdist workers and the processes tests start (notebook kernels, Flower nodes) inherit
+# them; FEDPROB_TEST_XLA_O0=0 compiles with XLA's defaults instead (as does an XLA_FLAGS that sets either).
+if os.environ.get("FEDPROB_TEST_XLA_O0", "1") != "0":
+    _flags = os.environ.get("XLA_FLAGS", "")
+    for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+        if _flag.split("=")[0] not in _flags:
+            _flags = (_flags + " " + _flag).strip()
+    os.environ["XLA_FLAGS"] = _flags
 
 
 def find_data_root():
