@@ -15,12 +15,27 @@ import pytest
 # Every test passes either way (runtime-heavy tests run slower, compile-heavy ones much faster). Set before
 # JAX is imported, so xdist workers and the processes tests start (notebook kernels, Flower nodes) inherit
 # them; FEDPROB_TEST_XLA_O0=0 compiles with XLA's defaults instead (as does an XLA_FLAGS that sets either).
-if os.environ.get("FEDPROB_TEST_XLA_O0", "1") != "0":
+# XLA aborts the process on a flag it does not know (the emitter option is absent from some jaxlib
+# releases): each option is tried once in a child process, and the outcome passed on to workers.
+_PROBED = "FEDPROB_TEST_XLA_FLAGS_PROBED"
+
+
+def _xla_accepts(flags: str) -> bool:
+    import subprocess
+    import sys
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    probe = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    return probe.returncode == 0
+
+
+if os.environ.get("FEDPROB_TEST_XLA_O0", "1") != "0" and _PROBED not in os.environ:
     _flags = os.environ.get("XLA_FLAGS", "")
     for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
-        if _flag.split("=")[0] not in _flags:
+        if _flag.split("=")[0] not in _flags and _xla_accepts((_flags + " " + _flag).strip()):
             _flags = (_flags + " " + _flag).strip()
     os.environ["XLA_FLAGS"] = _flags
+    os.environ[_PROBED] = "1"
 
 
 def find_data_root():
