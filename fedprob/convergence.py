@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .potential import make_target
+from .potential import pooled_log_posterior
 
 #: distance (posterior sds, largest over coordinates) above which a point method is said not to have converged
 TOLERANCE_SD = 0.3
@@ -56,12 +56,8 @@ def _laplace_impl(potential, w, data):
     """``(max_i |delta_i| / sd_i, sd)`` at ``w``: the Newton step ``delta = H^-1 g`` on the summed
     objective in Laplace sds ``sd = sqrt(diag(H^-1))`` (inf and NaN sds where ``H`` is not positive
     definite)."""
-    K = data.n.shape[0]
-
     def log_post(z):
-        per = jax.vmap(lambda d: potential.log_density(z, make_target(d, potential.dim, prior_weight=1.0 / K,
-                                                                         dtype=z.dtype)))(data)
-        return jnp.sum(per)
+        return pooled_log_posterior(potential, z, data)
 
     g = jax.grad(log_post)(w)
     H = -jax.hessian(log_post)(w)

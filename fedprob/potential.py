@@ -105,6 +105,15 @@ def make_target(data: ClientData, dim: int, prior_weight=1.0, likelihood_weight=
                        linear, precision)
 
 
+def pooled_log_posterior(potential, z: Array, data: ClientData) -> Array:
+    """``log p0(z) + sum_k log p(D_k | z)`` over stacked client data (K, ...): each client's full-batch
+    log density with prior share 1/K, summed (the global posterior, unnormalised)."""
+    K = data.n.shape[0]
+    per = jax.vmap(lambda d: potential.log_density(z, make_target(d, potential.dim, prior_weight=1.0 / K,
+                                                                     dtype=z.dtype)))(data)
+    return jnp.sum(per)
+
+
 class SiteInfo(NamedTuple):
     name: str
     shape: tuple          # constrained shape
@@ -242,6 +251,7 @@ def _depends(jaxpr, marked_inputs) -> list:
 # equal potentials share one trace per argument shape
 _split_terms_jit = jax.jit(lambda potential, z, X, y, weights: potential._split_terms_traced(z, X, y, weights),
                            static_argnums=0)
+
 
 def minibatch(key: Array, data: ClientData, batch_size: Optional[int]):
     """Rows and per-row weights for one stochastic estimate of the log likelihood.

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .potential import make_target
+from .potential import pooled_log_posterior
 
 #: k-hat above which a client's Gaussian is flagged
 KHAT_MAX = 0.7
@@ -154,15 +154,8 @@ def _clients_log_densities_impl(potential, num_draws, q, targets, key):
 
 
 def _global_log_densities_impl(potential, num_draws, q, data, key):
-    K = data.n.shape[0]
     z = q.sample(key, num_draws)
-
-    def log_post(zz):           # sum over clients of prior share 1/K and own likelihood
-        per = jax.vmap(lambda d: potential.log_density(zz, make_target(d, potential.dim, prior_weight=1.0 / K,
-                                                                          dtype=zz.dtype)))(data)
-        return jnp.sum(per)
-
-    log_pi = jax.lax.map(log_post, z, batch_size=min(num_draws, 32))
+    log_pi = jax.lax.map(lambda zz: pooled_log_posterior(potential, zz, data), z, batch_size=min(num_draws, 32))
     return log_pi, jax.vmap(q.log_prob)(z)
 
 
