@@ -225,6 +225,10 @@ class SVI(ClientBackend):
     init_strategy: str = "center"
 
     output = "gaussian"
+    #: a variational fixed point: a product may refine the returned Gaussian by one unit natural-gradient
+    #: step estimated from its draws (:meth:`fedprob.algorithms.one_round_base.GaussianProductAlgorithm.stein_fit`),
+    #: which leaves the ELBO's optimum where it is
+    variational_fixed_point = True
 
     def __post_init__(self):
         if self.guide not in GUIDES:

@@ -491,7 +491,8 @@ def test_parametric_server_state_does_not_grow_with_the_number_of_clients():
         s40, v40 = leaf_shapes(algo, 40)
         assert s4 == s40 and v4 == (4,) and v40 == (40,)
     assert s4 == {"weight": (D,), "weighted_draws": (50, D), "mc": (D,),      # + the diagonal product's probe
-                  "probe": (D, D), "probe_rm": (D,), "probe_linear": (D,), "probe_count": ()}
+                  "probe": (D, D), "probe_rm": (D,), "probe_linear": (D,), "probe_count": (),
+                  "stein_fallbacks": ()}
     # the kernel variant keeps every client's draws
     state, _ = fp.algorithms.EPMCMC(client=Exact("samples", num_samples=50), method="nonparametric").init(
         ctx_of(FED), jax.random.PRNGKey(0), FED.client_data())

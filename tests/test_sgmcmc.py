@@ -160,17 +160,19 @@ def test_clients_under_vmap_match_their_own_posteriors():
     clients = [make_data(n, seed) for n, seed in [(40, 1), (64, 2), (25, 3)]]
     fed = FederatedData.from_clients(clients)
     targets = jax.vmap(lambda d: make_target(d, D))(fed.client_data())
-    backend = SGHMC(**SHORT)
     inits = jnp.zeros((fed.num_clients, D))
-    res = jit(lambda k, t, z: backend.run_clients(k, POT, t, z))(jax.random.PRNGKey(3), targets, inits)
-    draws = np.asarray(res.posterior.draws)
-    assert draws.shape == (3, SHORT["num_samples"], D)
-    for k, (X, y) in enumerate(clients):
-        check_moments(f"client {k}", draws[k], *linreg_exact_posterior([X], [y], SIGMA, PRIOR_SCALE))
-    # the adapted step is 0.25 / lambda_max of each client's own posterior precision
     lam = [np.linalg.eigvalsh(np.linalg.inv(linreg_exact_posterior([X], [y], SIGMA, PRIOR_SCALE)[1])).max()
            for X, y in clients]
-    np.testing.assert_allclose(res.diagnostics["step_size"], 0.25 / np.array(lam), rtol=1e-3)
+    # precondition=None: the adapted step is 0.25 / lambda_max of each client's own posterior precision;
+    # the default (Laplace whitening) runs where every curvature is 1: the step is 0.25
+    for precondition, expected in ((None, 0.25 / np.array(lam)), ("auto", np.full(3, 0.25))):
+        backend = SGHMC(precondition=precondition, **SHORT)
+        res = jit(lambda k, t, z: backend.run_clients(k, POT, t, z))(jax.random.PRNGKey(3), targets, inits)
+        draws = np.asarray(res.posterior.draws)
+        assert draws.shape == (3, SHORT["num_samples"], D)
+        for k, (X, y) in enumerate(clients):
+            check_moments(f"client {k}", draws[k], *linreg_exact_posterior([X], [y], SIGMA, PRIOR_SCALE))
+        np.testing.assert_allclose(res.diagnostics["step_size"], expected, rtol=1e-3)
 
 
 # -- single steps against BlackJAX and by hand ------------------------------------------------

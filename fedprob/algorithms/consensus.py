@@ -1,10 +1,16 @@
 """Consensus Monte Carlo (Scott et al. 2016): a weighted average of aligned sub-posterior draws.
 
 Client k samples its sub-posterior ``p0(w)^(1/K) p(D_k | w)`` (prior share
-1/K, arranged here) and computes the weight ``W_k = Sigma_k^-1``, the inverse
-of its sample covariance (its correlations shrunk toward zero when it has
-fewer than 10 d draws, :func:`fedprob.gaussian.moment_match`;
-``family="diag"``: elementwise inverse variances). The server combines the s-th draw of every client::
+1/K, arranged here) and computes the weight ``W_k = Sigma_k^-1``. By default
+(``moments="stein"``) ``Sigma_k`` and the draws' centre come from the Stein fit
+of its draws (:mod:`fedprob.algorithms.stein`: the gradients of the
+sub-posterior at the draws regressed on the draws, the moment-matched Gaussian
+with a control variate, exact for a Gaussian sub-posterior), and the draws are
+mapped linearly onto those moments (:func:`~fedprob.algorithms.messages.match_moments`);
+with ``moments="sample"`` it is the inverse of the sample covariance (its
+correlations shrunk toward zero when it has fewer than 10 d draws,
+:func:`fedprob.gaussian.moment_match`). ``family="diag"``: elementwise inverse
+variances. The server combines the s-th draw of every client::
 
     w_s = (sum_k W_k)^-1 sum_k W_k w_{k,s},     s = 1..S.
 
@@ -45,6 +51,7 @@ from .. import gaussian as gauss
 from ..posteriors import GlobalPosterior, Samples
 from ..protocols import num_chains
 from .base import Context
+from .messages import fitted_gaussian, match_moments
 from .one_round import draws_ess, mc_message, monte_carlo_check, result_draws, result_gaussian
 from .one_round_base import GaussianProductAlgorithm
 
@@ -65,24 +72,36 @@ class ConsensusMC(GaussianProductAlgorithm):
     def prior_weight(self, ctx: Context) -> float:
         return 1.0 / ctx.num_clients
 
-    def make_message(self, ctx, result, key):
-        """``{"weight": W_k, "weighted_draws": W_k w_{k,s} (S, d), "mc", "ess"}``."""
+    def make_message(self, ctx, result, key, fit=None):
+        """``{"weight": W_k, "weighted_draws": W_k w_{k,s} (S, d), "mc", "ess", "stein_fallbacks"}``; with
+        a Stein ``fit`` the draws are mapped linearly onto the fit's mean and covariance
+        (:func:`~fedprob.algorithms.messages.match_moments`), so that the weights are their inverse
+        covariance as in the sample-moment method and the combined draws have the product's moments."""
         diag = self.family == "diag"
         post = result.posterior if hasattr(result, "posterior") else result
         draws = result_draws(post, key, self.num_samples)
         if draws.shape[0] < 2:      # shapes are static: this fails at init, before compiling
             raise ValueError(f"ConsensusMC needs at least 2 draws per client to estimate the weights, "
                              f"the client backend returns {draws.shape[0]}")
+        fallback = jnp.zeros((), draws.dtype)
         if isinstance(post, Samples):
-            g = gauss.moment_match(draws, diag, self.jitter, name="ConsensusMC")
+            g, cov, fallback = fitted_gaussian(draws, fit, diag, self.jitter, "ConsensusMC")
             ess = draws_ess(draws)
+            if fit is not None:
+                draws = match_moments(draws, g, diag)
         else:                       # exact Gaussian output: its own iid draws
             g = result_gaussian(post, diag, self.jitter)
+            cov = g.variance() if diag else g.covariance()
             ess = jnp.full(draws.shape[1:], float(draws.shape[0]), draws.dtype)
+            if fit is not None:     # a variational Gaussian refined from these draws (stein_fit)
+                st, _, ok = fit
+                fallback = (~ok).astype(draws.dtype)
+                g = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), st, g)
+                cov = g.variance() if diag else g.covariance()
+                draws = match_moments(draws, g, diag)
         W = g.precision
-        cov = g.variance() if diag else g.covariance()
         weighted = W * draws if diag else draws @ W
-        return {"weight": W, "weighted_draws": weighted, **mc_message(W, cov, ess)}
+        return {"weight": W, "weighted_draws": weighted, "stein_fallbacks": fallback, **mc_message(W, cov, ess)}
 
     def posterior(self, ctx: Context, server_state, client_states) -> GlobalPosterior:
         sums, ids, ess = self.counted(server_state)
@@ -106,6 +125,8 @@ class ConsensusMC(GaussianProductAlgorithm):
         if C > 1 and WX.shape[0] % C == 0:
             info["num_chains"] = C          # draws chain-major: combined chain c = every client's chain c
         info.update(monte_carlo_check("ConsensusMC", Wsum, sums["mc"], ids, ess))
+        info["moments"] = self.moments
+        info["stein_fallbacks"] = int(round(float(sums["stein_fallbacks"])))
         info.update(self.diag_bias_info("ConsensusMC", sums, sums["weight"], g0, Kp))
         return GlobalPosterior(ctx.potential, Samples(combined), info=self.local_info(info, client_states),
                                local=self.local_of(client_states))

@@ -140,6 +140,7 @@ from .base import Context
 from .messages import draws_ess
 from .natural import Configured, NaturalClient, NaturalLoop, NaturalServer, _check_positive
 from .pvi import PVI
+from .stein import is_positive_definite, stein_regression
 
 Array = jax.Array
 
@@ -187,20 +188,12 @@ def stein_site(x: Array, grads: Array, dim_global: int, diag: bool, jitter: floa
     invertible."""
     S, d = x.shape
     dg = dim_global
-    mx, mgrad = jnp.mean(x, 0), jnp.mean(grads, 0)
-    cx, cgrad = x - mx, grads - mgrad
     if diag:
-        cg, cgg = cx[:, :dg], cgrad[:, :dg]
-        var = jnp.sum(cg * cg, 0) / (S - 1)
-        T = -(jnp.sum(cgg * cg, 0) / (S - 1)) / (var * (1.0 + jitter))
+        nu, T = stein_regression(x[:, :dg], grads[:, :dg], True, jitter)
         cond = None if d == dg else loc.conditional_from_draws(x, dg)
-        return Gaussian(mgrad[:dg] + T * mx[:dg], T), cond
-    C_xx = cx.T @ cx / (S - 1)
-    C_xx = C_xx + jnp.diag(jitter * jnp.diagonal(C_xx) + 1e-30)
-    C_hx = cgrad.T @ cx / (S - 1)
-    Lam = -jnp.linalg.solve(C_xx, C_hx.T).T
-    Lam = 0.5 * (Lam + Lam.T)
-    nu = mgrad + Lam @ mx
+        return Gaussian(nu, T), cond
+    nu, Lam = stein_regression(x, grads, False, jitter)
+    mx = jnp.mean(x, 0)
     if d == dg:
         return Gaussian(nu, Lam), None
     L_gg, L_gl, L_ll = Lam[:dg, :dg], Lam[:dg, dg:], Lam[dg:, dg:]
@@ -213,15 +206,6 @@ def stein_site(x: Array, grads: Array, dim_global: int, diag: bool, jitter: floa
     anchor = mx[:dg]
     cond = loc.LocalConditional(anchor, w + slope @ anchor, slope, 0.5 * (cov + cov.T))
     return site, cond
-
-
-def _is_pd(precision: Array) -> Array:
-    """True when a (diagonal or full) precision is finite and positive definite."""
-    if precision.ndim == 1:
-        return jnp.all(precision > 0) & jnp.all(jnp.isfinite(precision))
-    ok = jnp.all(jnp.isfinite(precision))
-    P = jnp.where(ok, 0.5 * (precision + precision.T), jnp.eye(precision.shape[0], dtype=precision.dtype))
-    return ok & jnp.all(jnp.isfinite(jnp.linalg.cholesky(P)))
 
 
 def clip_site(site: Gaussian, tilted: Gaussian, cavity: Gaussian):
@@ -242,7 +226,7 @@ def step_scale(lam: Gaussian, delta: Gaussian, factor, num_halvings: int) -> Arr
     """The largest ``s`` in ``1, 1/2, ..., 2^-num_halvings`` with ``lam + factor * s * delta``
     positive definite (precision; module docstring), 0 when none is."""
     scales = 0.5 ** jnp.arange(num_halvings + 1, dtype=lam.precision.dtype)
-    ok = jax.vmap(lambda s: _is_pd(lam.precision + factor * s * delta.precision)
+    ok = jax.vmap(lambda s: is_positive_definite(lam.precision + factor * s * delta.precision)
                   & finite_flag(delta))(scales)
     first = jnp.argmax(ok)
     return jnp.where(jnp.any(ok), scales[first], 0.0)
@@ -378,7 +362,7 @@ class TiltedLoop(NaturalLoop):
         lam = server_state.lam
         dt = lam.linear.dtype
         cavity = Gaussian(lam.linear - site.linear, lam.precision - site.precision)
-        cav_ok = _is_pd(cavity.precision) & finite_flag(cavity)
+        cav_ok = is_positive_definite(cavity.precision) & finite_flag(cavity)
         safe = jax.tree_util.tree_map(lambda a, b: jnp.where(cav_ok, a, b), cavity, lam)
         tilted, cond, diag = self.sample_tilted(ctx, server_state, safe, data, key, local)
         new_site = Gaussian(tilted.linear - safe.linear, tilted.precision - safe.precision)
@@ -418,7 +402,7 @@ class TiltedLoop(NaturalLoop):
         site, local = client_state.site, client_state.local
         lam = server_state.lam
         cavity = Gaussian(lam.linear - site.linear, lam.precision - site.precision)
-        cav_ok = _is_pd(cavity.precision) & finite_flag(cavity)
+        cav_ok = is_positive_definite(cavity.precision) & finite_flag(cavity)
         safe = jax.tree_util.tree_map(lambda a, b: jnp.where(cav_ok, a, b), cavity, lam)
         _, cond, _ = self.sample_tilted(ctx, server_state, safe, data, key, local)
         ok = cav_ok & finite_flag(cond)

@@ -20,8 +20,13 @@ Exact when the client posteriors are Gaussian (conjugate models).
 The server **sums** (:class:`~fedprob.algorithms.one_round.SummingOneRoundAlgorithm`):
 each client sends its natural parameters ``(P_k mu_k, P_k)`` and the server
 keeps their masked sums and the count K' of clients received (for the prior
-power), so its memory does not grow with K. Client Gaussians are
-moment-matched to draws (:func:`fedprob.gaussian.moment_match`): with fewer
+power), so its memory does not grow with K. A sampling client's Gaussian is
+by default its Stein fit (``moments="stein"``, :mod:`fedprob.algorithms.stein`:
+the gradients of its target at its draws regressed on the draws; the
+moment-matched Gaussian with a control variate, exact for a Gaussian client
+from any d + 1 draws, so the product's Monte Carlo error no longer grows with
+how far apart the clients' posteriors lie). With ``moments="sample"`` client
+Gaussians are moment-matched to draws (:func:`fedprob.gaussian.moment_match`): with fewer
 than 10 d draws a full covariance has its correlations shrunk toward zero
 (OAS) and a RuntimeWarning says how many draws are needed. Clients also send ``P_k Sigma_mc,k P_k``, the Monte Carlo
 covariance of their mean from their per-coordinate effective sample sizes,
@@ -122,9 +127,9 @@ class EPMCMC(GaussianProductAlgorithm):
         """The parametric product sums natural parameters; the kernel variants keep draws."""
         return self.method == "parametric"
 
-    def make_message(self, ctx, result, key):
+    def make_message(self, ctx, result, key, fit=None):
         if self.method == "parametric":
-            return client_gaussian_message(result, self.family == "diag", self.jitter, "EPMCMC")
+            return client_gaussian_message(result, self.family == "diag", self.jitter, "EPMCMC", fit)
         return {"draws": result_draws(result, key, self.num_samples)}
 
     def check_message(self, ctx, shapes):
@@ -161,6 +166,8 @@ class EPMCMC(GaussianProductAlgorithm):
                                              name="EPMCMC", stacked=False)
             info.update(ginfo)
             info.update(monte_carlo_check("EPMCMC", g.precision, sums["mc"], ids, ess))
+            info["moments"] = self.moments
+            info["stein_fallbacks"] = int(round(float(sums["stein_fallbacks"])))
             info.update(self.diag_bias_info("EPMCMC", sums, sums["precision"], g0.power(power), Kp))
             return GlobalPosterior(ctx.potential, g, info=self.local_info(info, client_states),
                                    local=self.local_of(client_states))

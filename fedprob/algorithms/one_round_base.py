@@ -25,7 +25,11 @@ from .aliases import alias_field, resolve_family
 from .. import gaussian as gauss
 from .base import Algorithm, Context, masked_sum
 from .diag_bias import diag_bias_check, diag_probe
-from .messages import result_gaussian
+from .messages import result_draws, result_gaussian
+from .stein import stein_gaussian
+
+#: How a sampling client's Gaussian is fitted (:class:`GaussianProductAlgorithm`).
+MOMENTS = ("stein", "sample")
 
 Array = jax.Array
 
@@ -371,7 +375,18 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
     Hessian-vector products each client spends probing the off-diagonal
     curvature its diagonal message drops (exact when d <= bias_probes; 0: no
     probe), from which the server estimates the diagonal product's bias and
-    warns (:mod:`fedprob.algorithms.diag_bias`).
+    warns (:mod:`fedprob.algorithms.diag_bias`). moments: how a sampling
+    client's Gaussian is fitted to its draws: ``"stein"`` (the default; the
+    regression of the client target's gradients at the draws on the draws,
+    :mod:`fedprob.algorithms.stein`: the moment-matched Gaussian with a
+    control variate, exact for a Gaussian client from any d + 1 draws; one
+    gradient per draw, minibatched with the backend's ``batch_size``; falls
+    back to sample moments where the fit is not positive definite, counted in
+    ``info["stein_fallbacks"]``, and with fewer than ``2 (d + 1)`` draws for a
+    full family; a variational Gaussian, SVI's, is refined by one
+    natural-gradient step from ``num_samples`` of its draws, see
+    :meth:`stein_fit`) or ``"sample"`` (sample mean and shrunk sample
+    covariance).
     """
 
     family: Optional[str] = None
@@ -380,6 +395,7 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
     num_prior_samples: int = 2000
     covariance: Any = alias_field()
     bias_probes: int = 16
+    moments: str = "stein"
 
     def __post_init__(self):
         super().__post_init__()
@@ -387,6 +403,7 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         check_int("num_samples", self.num_samples, 2)
         check_int("num_prior_samples", self.num_prior_samples, 2)
         check_int("bias_probes", self.bias_probes, 0)
+        check_choice("moments", self.moments, MOMENTS)
         if self.family == "diag" and self.bias_probes == 1:
             raise ValueError("bias_probes must be 0 (no probe) or at least 2 (the estimate pairs distinct probes)")
         if not self.jitter >= 0:
@@ -405,9 +422,45 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         summing server, ``bias_probes > 0``)."""
         return self.family == "diag" and self.bias_probes > 0 and self.sums_messages()
 
+    def stein_fit(self, ctx: Context, data, result, key):
+        """``(Gaussian, residuals, ok)`` by Stein moments (:func:`fedprob.algorithms.stein.stein_gaussian`,
+        the gradients of the client's target with prior share :meth:`prior_weight`), or None
+        (``moments="sample"``, a kernel variant, client-local sites, a Gaussian backend that is not a
+        variational fixed point, fewer than ``2 (d + 1)`` draws for a full family).
+
+        Sampling clients: their draws (the moment-matched Gaussian with a control variate). A variational
+        Gaussian ``q`` (SVI): ``num_samples`` draws of ``q`` drawn with ``key`` (the same draws
+        ConsensusMC sends); the regression under ``q`` is one natural-gradient step of unit rate,
+        ``P = -E_q[hess log pi]``, ``m + P^-1 E_q[grad log pi]`` (Stein's lemma), whose fixed point is the
+        ELBO's optimum, so it removes what is left of the optimiser's noise and is exact for a Gaussian
+        target."""
+        post = result.posterior if hasattr(result, "posterior") else result
+        if (self.moments != "stein" or ctx.potential.local_sites
+                or getattr(self, "method", "parametric") != "parametric"):
+            return None
+        if isinstance(post, Samples):
+            draws = post.draws
+        elif isinstance(post, Gaussian) and getattr(self.backend, "variational_fixed_point", False):
+            draws = result_draws(post, key, self.num_samples)
+        else:
+            return None
+        S, d = draws.shape[-2:]
+        if S < (3 if self.family == "diag" else 2 * (d + 1)):
+            return None          # too few draws for the regression: sample moments (with their shrinkage)
+        target = make_target(data, ctx.dim, prior_weight=self.prior_weight(ctx), dtype=draws.dtype)
+        batch = getattr(self.backend, "batch_size", None)
+        keys = jax.random.split(jax.random.fold_in(key, 23), draws.shape[0])
+        grads = jax.vmap(lambda z, k: jax.grad(ctx.potential.log_density)(z, target, k, batch))(draws, keys)
+        return stein_gaussian(draws, grads.astype(draws.dtype), self.family == "diag", self.jitter)
+
+    def make_message(self, ctx: Context, result, key, fit=None):  # pragma: no cover - abstract
+        """The pytree a client sends, from its :class:`ClientResult` and its :meth:`stein_fit` (or None)."""
+        raise NotImplementedError
+
     def client_message(self, ctx: Context, data, result, key):
-        """:meth:`make_message`, plus the off-diagonal probe when :meth:`probes_diag_bias`."""
-        msg = self.make_message(ctx, result, key)
+        """:meth:`make_message` (with the :meth:`stein_fit`), plus the off-diagonal probe when
+        :meth:`probes_diag_bias`."""
+        msg = self.make_message(ctx, result, key, self.stein_fit(ctx, data, result, key))
         if not self.probes_diag_bias() or ctx.potential.local_sites:
             return msg
         g = result_gaussian(result, True, self.jitter)

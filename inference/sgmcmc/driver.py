@@ -40,6 +40,8 @@ from fedprob.validation import check_int, check_positive
 from .chain import run_chain
 from .curvature import adapted_step_size, gradient_noise_variance, noise_ratios
 from .diagnostics import chain_diagnostics, gradient_noise_diagnostic
+from .precondition import (PreconditionedPotential, check_precondition, laplace_preconditioner,
+                           resolve_control_variate, resolve_precondition)
 from .schedules import Schedule, constant_schedule, resolve_target_ess
 
 Array = jax.Array
@@ -152,11 +154,14 @@ class SGMCMC(ClientBackend):
     target_ess = 0.0
     max_stretch = 1
     injects_noise = True
+    precondition = None
+    control_variate = False
 
     def __post_init__(self):
         check_common(self)
         check_int("num_burnin", self.num_burnin, 0)
         check_positive("max_gradient_noise", self.max_gradient_noise, allow_none=True)
+        check_precondition(self.precondition, self.control_variate)
 
     def kernel(self, problem: Problem) -> Kernel:
         raise NotImplementedError
@@ -189,6 +194,18 @@ class Sampler(SGMCMC):
         and ``target_ess`` (and ``max_stretch``).
     num_chains: independent chains per client (vmapped over chain keys by the
         one-round methods; draws are stacked chain-major, so client R-hat is real).
+    precondition: ``"auto"`` (the default: ``"full"`` up to 256 parameters, else
+        None; None when ``step_size`` is given, which is in the model's own
+        coordinates), ``"full"``, ``"diag"`` or None: the chain runs in the coordinates
+        whitened by the Laplace approximation at the client's mode (a pre-pass:
+        the mode, the Hessian or its diagonal; see :mod:`.precondition`), so its
+        mixing no longer depends on the posterior's conditioning; the chain
+        starts at a draw of that approximation.
+    control_variate: with a minibatch, the gradient is the full-batch gradient
+        at the mode plus the minibatch difference (SGLD-CV; two minibatch
+        gradients per step); None (the default): on whenever the chain runs on
+        minibatches with a preconditioner; True finds the mode even with
+        ``precondition=None``.
     """
 
     batch_size: Optional[int] = None
@@ -198,6 +215,8 @@ class Sampler(SGMCMC):
     target_ess: Optional[float] = None
     max_stretch: int = 10
     num_chains: int = 1
+    precondition: Optional[str] = "auto"
+    control_variate: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -230,6 +249,15 @@ def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
     keys = jax.random.split(key, 3 if backend.injects_noise else 2)
     z0 = initial_position(potential, keys[0], init, backend.init_strategy)
     bs = backend.batch_size
+    kind = resolve_precondition(backend.precondition, z0.shape[0], backend.step_size is not None)
+    cv = resolve_control_variate(backend.control_variate, kind, bs) and bs is not None
+    pre = None
+    if kind is not None or cv:
+        k_pre, k_u = jax.random.split(jax.random.fold_in(keys[0], 1))
+        pre = laplace_preconditioner(potential, target, z0, kind, cv, k_pre)
+        potential = PreconditionedPotential(potential, pre)
+        # u = 0 is the mode; a draw of N(0, I) is a draw of the Laplace approximation
+        z0 = jnp.where(pre.failed, 0.0, jax.random.normal(k_u, z0.shape, z0.dtype))
     vg = log_density_and_grad(potential, target, bs)
     n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
     kernel = backend.kernel(Problem(potential, target, bs, vg, n, z0))
@@ -261,10 +289,18 @@ def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
                     max_noise=backend.max_gradient_noise, reset=kernel.reset, reduce=kernel.reduce,
                     target_ess=resolve_target_ess(backend.target_ess, schedule.num_samples),
                     max_stretch=backend.max_stretch, sample_kernel=kernel.sample_step)
-    diag = chain_diagnostics(out)
+    last = out.state.position
+    if pre is not None:
+        out_z = out._replace(draws=pre.to_z_many(out.draws))
+        last = pre.to_z(last)
+    else:
+        out_z = out
+    diag = chain_diagnostics(out_z)
+    if pre is not None:
+        diag["precondition_failed"] = pre.failed
     if noisy:
         gradient_noise_diagnostic(out, bs if T > 0 else None, lambda s: noise(keys[2], s), diag)
-    return ClientResult(Samples(out.draws), out.state.position, diag)
+    return ClientResult(Samples(out_z.draws), last, diag)
 
 
 __all__ = ["SGMCMC", "Sampler", "ThinnedSampler", "Kernel", "Problem", "sample", "check_common",
