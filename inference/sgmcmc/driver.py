@@ -256,8 +256,10 @@ def sample(backend: SGMCMC, key, potential, target, init=None) -> ClientResult:
         k_pre, k_u = jax.random.split(jax.random.fold_in(keys[0], 1))
         pre = laplace_preconditioner(potential, target, z0, kind, cv, k_pre)
         potential = PreconditionedPotential(potential, pre)
-        # u = 0 is the mode; a draw of N(0, I) is a draw of the Laplace approximation
-        z0 = jnp.where(pre.failed, 0.0, jax.random.normal(k_u, z0.shape, z0.dtype))
+        # u = 0 is the mode; whitened, a draw of N(0, I) is a draw of the Laplace approximation (with the
+        # control variate alone the coordinates keep their scale: the chain starts at the mode)
+        u0 = jax.random.normal(k_u, z0.shape, z0.dtype) if kind is not None else jnp.zeros_like(z0)
+        z0 = jnp.where(pre.failed, 0.0, u0)
     vg = log_density_and_grad(potential, target, bs)
     n = jnp.maximum(jnp.asarray(target.data.n), 1).astype(z0.dtype)
     kernel = backend.kernel(Problem(potential, target, bs, vg, n, z0))
