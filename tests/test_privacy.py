@@ -114,7 +114,8 @@ def test_natural_parameter_deltas_are_clipped_and_noised():
     ref = fp.run(admm, MODEL, fed, rounds=3, progress=False)
     loose = fp.run(admm, MODEL, fed, rounds=3, progress=False,
                    privacy=privacy.GaussianDP(clip_norm=1e12, noise_multiplier=0.0))
-    np.testing.assert_allclose(flat(loose.server_state.lam), flat(ref.server_state.lam), rtol=1e-5, atol=1e-6)
+    # float32 sums in another order (full precision matrix, the default family here): 2e-5 relative
+    np.testing.assert_allclose(flat(loose.server_state.lam), flat(ref.server_state.lam), rtol=1e-4, atol=1e-6)
     tight = fp.run(admm, MODEL, fed, rounds=1, progress=False,
                    privacy=privacy.GaussianDP(clip_norm=C, noise_multiplier=0.0))
     s0 = tight.history[0]

@@ -36,7 +36,7 @@ import numpy as np
 from ..protocols import finite_flag
 from .base import Context, check_local_sites
 from .aliases import resolve_family
-from .natural import FAMILIES, Configured, NaturalLoop
+from .natural import FAMILIES, FULL_MAX_DIM, Configured, NaturalLoop, unset_family_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,22 +79,13 @@ class PVI(Configured):
         self.loop()
 
     def for_model(self, potential):
-        """An unset family (no client given) becomes "full" (full-GGN Laplace clients) on a model
-        with client-local sites, and on a model of at most :data:`FULL_MAX_DIM` parameters: the
-        diagonal of a client's curvature (its conditional precisions) makes the posterior too
-        narrow wherever parameters are correlated (sds 0.05-0.4x NUTS's for the global block of a
-        hierarchical regression of 105 clients; 0.77-0.91x, mean 0.10 sd off on 8 logistic-
-        regression clients with correlated, shifted inputs, where "full" gives 0.96-1.01x and
-        0.06 sd), and a d x d precision is cheap at that size."""
-        from ..inference import laplace_marginal as lm
-
-        if not self._family_unset:
-            return self
-        if potential.local_sites and potential.dim_global <= lm.MAX_GLOBAL_DIM:
-            return dataclasses.replace(self, family="full")
-        if not potential.local_sites and potential.dim <= FULL_MAX_DIM:
-            return dataclasses.replace(self, family="full")
-        return self
+        """An unset family (no client given) becomes "full" on a model with client-local sites and
+        on a model of at most :data:`FULL_MAX_DIM` parameters (:func:`~fedprob.algorithms.natural.
+        unset_family_for`: on 8 logistic-regression clients with correlated, shifted inputs the
+        diagonal family's sds were 0.77-0.91x NUTS's and its mean 0.10 sd off, "full" 0.96-1.01x and
+        0.06 sd)."""
+        family = unset_family_for(potential) if self._family_unset else None
+        return dataclasses.replace(self, family=family) if family else self
 
     def loop(self) -> NaturalLoop:
         return NaturalLoop(client=self.client, family=self.family, rho=1.0, damping=self.damping, alpha=1.0,
@@ -102,8 +93,6 @@ class PVI(Configured):
                            num_predictive_draws=self.num_predictive_draws)
 
 
-#: Largest number of parameters (a model without client-local sites) on which PVI's unset family is "full"
-FULL_MAX_DIM = 100
 
 
 def run_sequential(algorithm, model, fed, sweeps: int = 1, seed: int = 0, eval_data=None,
