@@ -177,9 +177,14 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
     excluded = {h["round"]: h["excluded"] for h in log.history if h["excluded"]}
     if excluded:
         first = next(iter(excluded))
+        unbounded = [h["round"] for h in log.history if h.get("client_unbounded", 0) > 0]
+        why = (f"; in {len(unbounded)} round(s) (first: {unbounded[0]}) a Laplace client's local objective "
+               "was unbounded below (its Gaussian term, the server's precision less the client's site, is not "
+               "positive definite: a diagonal family with rho below a client's share of the curvature)"
+               if unbounded else "")
         warnings.warn(f"{len(excluded)} round(s) left clients out of the aggregate because their updates "
                       f"were not finite or over max_update_norm (first: round {first}, clients "
-                      f"{excluded[first]}); see Result.faults", RuntimeWarning, stacklevel=3)
+                      f"{excluded[first]}){why}; see Result.faults", RuntimeWarning, stacklevel=3)
     if posterior is None:
         posterior = algorithm.posterior(ctx, server, clients)
     form = getattr(posterior, "form", None)

@@ -356,6 +356,29 @@ def curvature(potential, target, z, hessian: str = "full", chunk_size: int = 32,
     return lik + prior + gauss
 
 
+def runs_off(potential, target, start, z):
+    """Whether the search from ``start`` to ``z`` ran off along a direction where the objective
+    ``-log density`` is unbounded below: its curvature along ``u = z - start`` is negative,
+    ``u' H(z) u < 0`` (one Hessian-vector product on the full batch), **and** so is the Gaussian
+    term's, ``u' precision u < 0``.
+
+    A likelihood and prior that are log-concave along ``u`` cannot make the curvature negative, so
+    the second condition says the Gaussian term (a dual loop's ``rho S_g - U_k``, not positive
+    definite when one client holds more than rho of the curvature in a diagonal family of correlated
+    parameters) drives the search off to infinity: e.g. BayesADMM with a diagonal family at
+    ``rho = gamma = 1/K`` sent a finite client mean of 1e10 after 200 L-BFGS steps. A network whose
+    search stops short of a minimum with a positive definite Gaussian term is never flagged."""
+    u = z - start
+    lam = target.precision
+    gauss = jnp.sum(lam * u * u) if lam.ndim == 1 else u @ (lam @ u)
+
+    def neg_log_density(x):
+        return -potential.log_density(x, target)
+
+    _, hu = jax.jvp(jax.grad(neg_log_density), (z,), (u,))
+    return (gauss < 0) & (jnp.vdot(u, hu) < 0)
+
+
 def clip_precision(P, min_precision: float):
     """Raise diagonal entries (vector P) or eigenvalues (matrix P) below ``min_precision``.
 
@@ -428,8 +451,10 @@ class Laplace(ClientBackend):
                        optimizer=self.optimizer, learning_rate=self.learning_rate,
                        batch_size=self.batch_size)
         # a client whose objective is not finite at its answer has failed: say so with NaN
-        # (the engine then leaves it out and reports it) rather than a finite start point
-        m = jnp.where(jnp.isfinite(opt.loss), opt.params, jnp.nan)
+        # (the engine then leaves it out and reports it) rather than a finite start point;
+        # so has one whose objective is unbounded below along the way it went (runs_off)
+        off = runs_off(potential, target, init, opt.params)
+        m = jnp.where(jnp.isfinite(opt.loss) & ~off, opt.params, jnp.nan)
         P, nclip = clip_precision(curvature(potential, target, m, self.hessian, self.chunk_size),
                                   self.min_precision)
         linear = P * m if P.ndim == 1 else P @ m
@@ -439,6 +464,7 @@ class Laplace(ClientBackend):
             "grad_norm": opt.grad_norm,
             "num_clipped": nclip,
             "num_rejected": opt.num_rejected,
+            "unbounded": off.astype(jnp.result_type(float)),
             "finite": finite_flag(post, m),
         }
         return ClientResult(post, m, diagnostics)
@@ -446,4 +472,4 @@ class Laplace(ClientBackend):
 
 __all__ = ["Laplace", "curvature", "hessian_full", "hessian_diag", "hessian_diag_estimate", "ggn_likelihood",
            "prior_hessian_is_diagonal", "prior_curvature_diag",
-           "natural_parameters", "clip_precision", "HESSIANS"]
+           "natural_parameters", "clip_precision", "runs_off", "HESSIANS"]

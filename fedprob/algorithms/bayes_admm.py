@@ -49,7 +49,13 @@ started at the prior, one round gives the exact posterior. The default is
 ``rho S_g - U_k`` is negative wherever client k's curvature exceeds the
 average, and a loss that grows only linearly (logistic regression) is then
 unbounded below: the client solves (IVON or Laplace) diverged on a
-heterogeneous logistic regression, while ``rho = 1`` converged.
+heterogeneous logistic regression, while ``rho = 1`` converged. A diagonal
+family makes even a quadratic loss unbounded there once parameters are
+correlated (the site holds only the diagonal of the client's curvature):
+Prop. 3.2 needs ``family="full"``. A Laplace client whose search runs off
+along such a direction (:func:`fedprob.inference.laplace.runs_off`) sends NaN
+and is left out of the round, with a warning that says why; before, its
+finite mean of 1e10 took the server to 1e15.
 
 :func:`bayes_admm_client_inputs` is the paper's own mapping of the client
 problem to IVON's objective (App. D, Eq. 41); the loop reaches the same

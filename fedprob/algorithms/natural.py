@@ -402,7 +402,7 @@ class NaturalLoop(Algorithm):
                 res = backend.run(key, ctx.potential, target, start, **extra)
                 mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
                 marginal, cond = loc.split_joint(res.posterior, mean, dg)
-                diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
+                diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift", "unbounded")}
             # the solve tempers the local sites with the likelihood by 1/(rho tau); their conditional is
             # the model's tempered by 1/tau alone (the KL weight rho belongs to the global block)
             cond = cond._replace(cov=cond.cov / self.rho_value(ctx))
@@ -417,7 +417,7 @@ class NaturalLoop(Algorithm):
         extra = {} if max_steps is None else {"max_steps": max_steps}
         res = backend.run(key, ctx.potential, target, server.start, **extra)
         lam_k = _as_family(res.posterior, self.family)
-        diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift")}
+        diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift", "unbounded")}
         return lam_k, res.params, diag
 
     def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key,

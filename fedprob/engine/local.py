@@ -248,6 +248,9 @@ def round_record(rinfo: RoundInfo, round_number: int, num_clients: int, faults=N
         if name == DRAW_STATS:      # per-draw sampler statistics: not a per-client scalar
             continue
         v = np.asarray(v, dtype=float)
+        if name == "unbounded":     # a client flagged so is left out: count it over every participant
+            entry["client_unbounded"] = float(np.sum(np.nan_to_num(v)))
+            continue
         entry["client_" + name] = float(np.mean(v[included])) if included.any() else float("nan")
     return entry
 
