@@ -560,7 +560,7 @@ def test_runs_off_needs_negative_curvature_from_the_gaussian_term(x64):
     term's are negative: a positive definite Gaussian term, or a path along which the likelihood's
     curvature outweighs a negative term, is never flagged, however far the search went."""
     from fedprob.potential import get_potential, make_target
-    from inference.laplace import runs_off
+    from fedprob.inference.laplace import runs_off
 
     X = np.array([[1.0, 0.9], [0.9, 1.0], [1.0, 1.0]])
     fed = fp.data.FederatedData.from_clients([(X, X @ np.array([1.0, 2.0]))])
