@@ -187,6 +187,7 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
                       f"{excluded[first]}){why}; see Result.faults", RuntimeWarning, stacklevel=3)
     if posterior is None:
         posterior = algorithm.posterior(ctx, server, clients)
+    posterior = algorithm.choose_prediction(ctx, server, clients, data, posterior)
     form = getattr(posterior, "form", None)
     khat, gk = psis.run_khats(algorithm, ctx, server, clients, data, log.client_diagnostics,
                               form if isinstance(form, Gaussian) else None, seed)

@@ -165,7 +165,8 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
         dt = time.perf_counter() - t + (compiled.info.get("client_phase_s", 0.0) if r == 0 else 0.0)
         entry = {"round": r + 1, "time": dt, **local.round_record(rinfo, r + 1, K, faults, privacy)}
         if evald is not None and ((r + 1) % eval_every == 0 or r == rounds - 1):
-            posterior = algorithm.posterior(ctx, server, compiled.host_clients(clients))
+            host = compiled.host_clients(clients)
+            posterior = algorithm.choose_prediction(ctx, server, host, data, algorithm.posterior(ctx, server, host))
             entry.update(evaluate(posterior, *evald))
         log.add(entry, rinfo)
         if checkpoint is not None:

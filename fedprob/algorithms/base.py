@@ -99,6 +99,13 @@ class Algorithm(CheckedKeywords):
         estimates, samplers) or reports k-hat from its client updates (one-round methods)."""
         return None
 
+    def choose_prediction(self, ctx: "Context", server_state, client_states, data, posterior):
+        """The posterior with its default prediction settled from the clients' data (``data``:
+        stacked over the K clients, or None where the server holds no rows). Default: unchanged;
+        the natural loop's ``prediction="auto"`` scores each client's rows under its cavity
+        (:mod:`fedprob.algorithms.prediction_choice`)."""
+        return posterior
+
     def for_model(self, potential) -> "Algorithm":
         """The configuration a run uses on this model: ``self`` (default), or a copy whose defaulted
         options follow the model (PVI's family on a model with client-local sites). Called by

@@ -106,8 +106,10 @@ class BayesADMM(Configured):
     paper's 0.1 gives each client ``lambda = N_k / tau`` and a 10 times sharper likelihood,
     which a network under a weak prior needs: with IVON clients on the Fashion-MNIST MLP of
     benchmarks/dual.py, 72.2% after 10 rounds at tau = 0.1 against 47.2% at tau = 1, whose
-    wide mean-field posterior predicts poorly); prediction: "average"
-    over ``num_predictive_draws`` draws of q_g (default) or "mean".
+    wide mean-field posterior predicts poorly); prediction: "auto" (the default: "mean" or
+    "average", whichever predicts the clients' rows better under their cavities,
+    :mod:`~fedprob.algorithms.prediction_choice`), "average" over ``num_predictive_draws`` draws
+    of q_g, or "mean".
     """
 
     client: Any = None
@@ -116,7 +118,7 @@ class BayesADMM(Configured):
     damping: Optional[float] = 0.1
     delta: Optional[float] = None
     tau: float = 1.0
-    prediction: str = "average"
+    prediction: str = "auto"
     num_predictive_draws: int = 32
     covariance: Any = alias_field()
     gamma: Any = alias_field()

@@ -105,7 +105,9 @@ class FedLapCov(Configured):
     delta: prior precision, None = the model prior's; damping: the site step
     (default "clients" = 1/K; alias ``rho``, the paper's name); hessian: "ggn" (diagonal generalized Gauss-Newton, PSD)
     or "diag" (exact Hessian diagonal, clipped at a small positive floor);
-    prediction: "average" over draws of q_g (default) or "mean".
+    prediction: "auto" (the default: "mean" or "average", whichever predicts the clients' rows
+    better under their cavities, :mod:`~fedprob.algorithms.prediction_choice`), "average" over
+    draws of q_g, or "mean".
     """
 
     delta: Optional[float] = None
@@ -115,7 +117,7 @@ class FedLapCov(Configured):
     optimizer: Any = None
     learning_rate: Optional[float] = None
     batch_size: Optional[int] = None
-    prediction: str = "average"
+    prediction: str = "auto"
     num_predictive_draws: int = 32
     rho: Any = alias_field()
 

@@ -106,7 +106,7 @@ from .model_prior import model_prior
 Array = jax.Array
 
 FAMILIES = ("isotropic", "diag", "full")
-PREDICTIONS = ("average", "mean")
+PREDICTIONS = ("average", "mean", "auto")
 
 
 class NaturalServer(NamedTuple):
@@ -517,9 +517,29 @@ class NaturalLoop(Algorithm):
         if local is not None:
             info["local_posterior"] = ("each client's Laplace conditional of its local sites given the global "
                                        "ones, from its last solve, averaged over the final global posterior")
+        if self.prediction == "auto":
+            info["prediction"] = "auto: the average until the clients' cavities choose (choose_prediction)"
         return GlobalPosterior(ctx.potential, Gaussian(lam.linear, lam.precision),
                                num_predictive_draws=int(self.num_predictive_draws),
-                               prediction=self.prediction, info=info, local=local)
+                               prediction="average" if self.prediction == "auto" else self.prediction,
+                               info=info, local=local)
+
+    def choose_prediction(self, ctx: Context, server_state: NaturalServer, client_states, data, posterior):
+        """``prediction="auto"``: predict at the mean or averaged over q_g, whichever scores the
+        clients' rows better under their cavities (:mod:`~fedprob.algorithms.prediction_choice`;
+        ``posterior.info["prediction_choice"]`` keeps the scores). The average where there is
+        nothing to choose from: one client, client-local sites, the isotropic family, no rows."""
+        if (self.prediction != "auto" or "prediction_choice" in posterior.info or data is None
+                or self.family == "isotropic" or ctx.num_clients < 2 or isinstance(client_states, NaturalClient)
+                or not isinstance(posterior.form, Gaussian)):
+            return posterior
+        from .prediction_choice import choose
+
+        choice = choose(ctx.potential, server_state.lam, client_states, data, jax.random.PRNGKey(7))
+        posterior.prediction = choice["prediction"]
+        posterior.info["prediction_choice"] = choice
+        posterior.info["prediction"] = choice["prediction"]
+        return posterior
 
 
 #: Largest number of parameters (a model without client-local sites) on which PVI's and BayesADMM's
@@ -593,6 +613,11 @@ class Configured(Algorithm):
         post = self.loop().posterior(ctx, server_state, client_states)
         post.info["algorithm"] = type(self).__name__
         return point_of(post) if self.reports_point() else post
+
+    def choose_prediction(self, ctx, server_state, client_states, data, posterior):
+        if self.reports_point():
+            return posterior
+        return self.loop().choose_prediction(ctx, server_state, client_states, data, posterior)
 
 
 #: what a point result of an isotropic-family method says about its spread

@@ -60,14 +60,16 @@ class PVI(Configured):
     beyond (:meth:`for_model`); "diag" over a backend
     that returns a full precision is refused);
     delta: prior precision override (None: the model's prior);
-    prediction: "average" (over draws of q_g) or "mean".
+    prediction: "auto" (the default: "mean" or "average", whichever predicts the clients' rows
+    better under their cavities, :mod:`~fedprob.algorithms.prediction_choice`), "average" (over
+    draws of q_g) or "mean".
     """
 
     client: Any = None
     damping: Union[float, str] = "auto"
     family: Optional[str] = None
     delta: Optional[float] = None
-    prediction: str = "average"
+    prediction: str = "auto"
     num_predictive_draws: int = 32
 
     def __post_init__(self):

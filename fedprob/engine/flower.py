@@ -247,9 +247,9 @@ def run(algorithm, model, fed, rounds=None, seed: int = 0, eval_data=None, clien
     if "server" not in sink:
         raise RuntimeError("the Flower simulation ended without a result (see its log above)")
     server, clients, history = sink["server"], sink["clients"], sink["history"]
+    posterior = algorithm.choose_prediction(ctx, server, clients, data, algorithm.posterior(ctx, server, clients))
     if evald is not None:
-        history[-1].update(evaluate(algorithm.posterior(ctx, server, clients), *evald))
-    posterior = algorithm.posterior(ctx, server, clients)
+        history[-1].update(evaluate(posterior, *evald))
     info = {"engine": "flower", "num_nodes": nodes, "wall_s": wall}
     return Result(posterior, history, server, clients, algorithm, ctx, 0.0, 0.0, eval_data=evald, info=info)
 
