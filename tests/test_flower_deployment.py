@@ -232,7 +232,9 @@ def test_missing_and_malformed_replies_follow_the_policy(tmp_path):
 
 def test_flowers_dp_wrapper_does_not_compose_and_its_replies_are_quarantined(tmp_path):
     """Flower's server-side DP wrapper rewrites each reply as global arrays + a clipped difference
-    with unrelated arrays: fedprob's checks quarantine every such reply (documented: use GaussianDP)."""
+    with unrelated arrays, or raises where their counts differ (its strict zip): fedprob's checks
+    quarantine every rewritten reply, and in either case nothing is aggregated (documented: use
+    GaussianDP)."""
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping
 
     from fedprob.flower.strategy import _record
@@ -244,8 +246,13 @@ def test_flowers_dp_wrapper_does_not_compose_and_its_replies_are_quarantined(tmp
     w = DifferentialPrivacyServerSideFixedClipping(s, noise_multiplier=0.1, clipping_norm=1.0,
                                                    num_sampled_clients=3)
     replies = grid.send_and_receive(list(w.configure_train(1, _record(s.server), None, grid)))
-    w.aggregate_train(1, replies)
-    assert s.history[-1]["quarantined"] == [0, 1, 2] and not s.history[-1]["server_update_ok"]
+    counts = {len(r.content.array_records[k]) for r in replies for k in r.content.array_records}
+    if counts == {len(_record(s.server))}:
+        w.aggregate_train(1, replies)
+        assert s.history[-1]["quarantined"] == [0, 1, 2] and not s.history[-1]["server_update_ok"]
+    else:
+        with pytest.raises(ValueError, match="shorter|longer"):
+            w.aggregate_train(1, replies)
     np.testing.assert_array_equal(np.asarray(s.posterior().mean["w"]), before)
 
 
