@@ -496,6 +496,16 @@ def test_papers_names_are_aliases_that_warn():
             if hasattr(algo, "loop"):
                 algo.loop()
     assert PVI().family == "diag" and BayesADMM().family == "diag"
+    # the unset family follows the model (for_model): "full" up to 100 parameters, "diag" beyond;
+    # a family or a client the user gave is kept
+    small = fp.potential.get_potential(linreg_model(PRIOR, SIGMA), linreg_fed([20, 30])[2])
+    big = fp.potential.get_potential(fp.models.softmax_regression(10),
+                                     fp.data.FederatedData.from_clients([(np.ones((4, 64)), np.arange(4))]))
+    for make in (PVI, BayesADMM):
+        assert make().for_model(small).family == "full" and make().for_model(big).family == "diag"
+        assert make(family="diag").for_model(small).family == "diag"
+        assert make(client=IVON()).for_model(small).family == "diag"
+    assert FedLapCov().loop().family == "diag"
     for client, family in ((Laplace(hessian="full"), "full"), (Laplace(hessian="ggn"), "full"),
                            (Laplace(hessian="diag_ggn"), "diag"), (SVI(guide="full"), "full"),
                            (SVI(guide="normal"), "diag"), (IVON(), "diag"), (VON(), "full")):
