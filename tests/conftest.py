@@ -117,3 +117,13 @@ def pytest_configure(config):
         # the same directory for `fedprob demo/run` called in a test and for the processes a test starts
         # (notebook kernels, Flower nodes, multi-host workers): nothing is written under the user's home
         os.environ[compile_cache.ENV] = str(path)
+
+
+@pytest.fixture
+def x64():
+    """Double precision for the test (exact oracles), restored after it."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)

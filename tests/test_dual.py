@@ -18,13 +18,6 @@ from fedprob.summary import kind as summary_kind
 SIGMA, PRIOR = 0.5, 1.0
 
 
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
 def linreg_fed(sizes, seed=0, d=3):
     rng = np.random.default_rng(seed)
     corr = 0.6 * np.ones((d, d)) + 0.4 * np.eye(d)

@@ -24,13 +24,6 @@ from fedprob.protocols import run_chains
 from test_local_sites import exact_joint, federation, normal_normal
 
 
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
 def test_ep_with_nuts_is_exact_on_the_normal_normal_hierarchy_at_defaults():
     """8 clients of 3 to 40 rows, 35 rounds (as PVI: ceil(log 0.01 / log(1 - 1/8))). Every client's
     h = p(a_k | mu) p(D_k | mu, a_k) is Gaussian, so the Stein moments carry no Monte Carlo error:

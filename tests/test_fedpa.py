@@ -23,13 +23,6 @@ from fedprob.algorithms.fedpa import FedPA
 SIGMA, PRIOR = 0.5, 10.0
 
 
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
 def draws(rng, l, d):
     scales = rng.uniform(0.1, 2.0, size=d)
     mix = rng.normal(size=(d, d)) / np.sqrt(d)

@@ -24,13 +24,6 @@ def normal_normal(X, y=None):
         numpyro.sample("y", dist.Normal(mu + a + 0.0 * X[:, 0], 1.0), obs=y)
 
 
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
 def federation(seed=0):
     rng = np.random.default_rng(seed)
     a = rng.normal(0.0, TAU, len(SIZES))

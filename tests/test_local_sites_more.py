@@ -19,13 +19,6 @@ from test_local_sites import PRIOR_SD, SIZES, TAU, exact_joint, federation, norm
 N = np.array(SIZES)
 
 
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
-
-
 def ybars(clients):
     return np.array([y.mean() for _, y in clients])
 

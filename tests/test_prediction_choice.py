@@ -2,7 +2,6 @@
 cavity, against the closed-form leave-one-client-out predictive of a conjugate regression."""
 import warnings
 
-import jax
 import numpy as np
 import pytest
 from conftest import linreg_exact_posterior, linreg_model
@@ -11,13 +10,6 @@ import fedprob as fp
 from fedprob.algorithms import PVI, BayesADMM
 
 SIGMA, PRIOR = 0.5, 1.0
-
-
-@pytest.fixture
-def x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", False)
 
 
 def small_clients(seed=0, sizes=(4, 5, 6, 8, 10), d=5):
