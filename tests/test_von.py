@@ -11,7 +11,7 @@ from fedprob.inference import VON
 from fedprob.potential import make_target
 from fedprob.run import get_potential
 
-from test_dual import PRIOR, SIGMA, x64  # noqa: F401  (x64 is a fixture)
+from test_dual import PRIOR, SIGMA
 from test_dual import linreg_fed as linreg_clients
 
 
