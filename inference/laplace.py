@@ -38,7 +38,8 @@ Output: :class:`~fedprob.posteriors.Gaussian` with ``linear = P m`` and
 ``precision = P`` (vector for the diagonal variants, matrix otherwise);
 ``params = m``; diagnostics ``final_loss`` (mean loss at ``m``), ``grad_norm``
 (its gradient norm), ``num_clipped``, ``num_rejected`` (optimizer steps
-rejected as non-finite), ``finite``.
+rejected as non-finite), ``num_steps`` (optimizer steps taken: the full-batch
+search stops once its loss stalls), ``finite``.
 """
 from __future__ import annotations
 
@@ -464,6 +465,7 @@ class Laplace(ClientBackend):
             "grad_norm": opt.grad_norm,
             "num_clipped": nclip,
             "num_rejected": opt.num_rejected,
+            "num_steps": opt.num_steps.astype(jnp.result_type(float)),
             "unbounded": off.astype(jnp.result_type(float)),
             "finite": finite_flag(post, m),
         }

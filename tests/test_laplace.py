@@ -93,6 +93,41 @@ def test_all_curvatures_exact_on_linear_regression(linreg_data, exact):
             np.testing.assert_allclose(curv(target, opt.params, h), np.diag(P), rtol=1e-10, err_msg=h)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_full_batch_search_stops_when_the_loss_stalls_at_the_fixed_length_answer(linreg_data, dtype):
+    """The full-batch L-BFGS loop stops once its loss stalls, at the point 200 plain optax steps reach;
+    a step budget (max_steps) is kept."""
+    import optax
+
+    from fedprob.potential import mean_loss
+
+    X, y = linreg_data
+    with jax.enable_x64(dtype == "float64"):
+        pot = Potential(linreg, X, y)
+        target = x64_target(X, y, N_VALID) if dtype == "float64" else make_target(
+            ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y), jnp.asarray(N_VALID)), D)
+        z0 = jnp.zeros(D, dtype)
+        opt = jax.jit(lambda t, z: minimize(pot, t, z))(target, z0)
+
+        def fn(z):
+            return mean_loss(pot, z, target)
+        tx = optax.lbfgs()
+        vg = optax.value_and_grad_from_state(fn)
+
+        def step(carry, _):
+            z, state = carry
+            value, grad = vg(z, state=state)
+            updates, state = tx.update(grad, state, z, value=value, grad=grad, value_fn=fn)
+            return (optax.apply_updates(z, updates), state), None
+        (z200, _), _ = jax.jit(lambda z: jax.lax.scan(step, (z, tx.init(z)), None, length=200))(z0)
+        assert int(opt.num_steps) < 40                   # 200 asked for
+        tol = 1e-10 if dtype == "float64" else 1e-4
+        np.testing.assert_allclose(opt.params, z200, rtol=tol, atol=tol)
+        assert float(fn(opt.params)) <= float(fn(z200)) + 1e-6 * abs(float(fn(z200)))
+        short = jax.jit(lambda t, z: minimize(pot, t, z, max_steps=jnp.array(3)))(target, z0)
+        assert int(short.num_steps) == 3
+
+
 def test_laplace_full_with_gaussian_term_and_prior_share_is_exact_product(linreg_data):
     """prior_weight = 1/K and a full Gaussian term (linear, Lambda): the product is exact."""
     X, y = linreg_data

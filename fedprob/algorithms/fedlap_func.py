@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ..inference.optim import descend_until_stall
 from ..posteriors import Gaussian, GlobalPosterior
 from ..potential import make_target
 from .base import Algorithm, Context, masked_sum
@@ -98,25 +99,10 @@ class FuncClient(NamedTuple):
 
 
 def lbfgs_minimize(fn, init, num_steps: int):
-    """``num_steps`` L-BFGS steps (zoom line search) on a deterministic ``fn`` from ``init``;
-    non-finite steps are rejected. Returns the best point visited."""
-    tx = optax.lbfgs()
-    vg = optax.value_and_grad_from_state(fn)
-
-    def step(carry, _):
-        z, state, best_z, best = carry
-        value, grad = vg(z, state=state)
-        updates, new_state = tx.update(grad, state, z, value=value, grad=grad, value_fn=fn)
-        new_z = optax.apply_updates(z, updates)
-        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(new_z))
-        better = jnp.isfinite(value) & (value < best)
-        best_z = jnp.where(better, z, best_z)
-        best = jnp.where(better, value, best)
-        state = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new_state, state)
-        return (jnp.where(ok, new_z, z), state, best_z, best), None
-
-    carry = (init, tx.init(init), init, jnp.asarray(jnp.inf, init.dtype))
-    (z, _, best_z, best), _ = jax.lax.scan(step, carry, None, length=int(num_steps))
+    """At most ``num_steps`` L-BFGS steps (zoom line search) on a deterministic ``fn`` from ``init``,
+    stopping once the loss stalls (:func:`fedprob.inference.optim.descend_until_stall`); non-finite
+    steps are rejected. Returns the best point visited."""
+    _, z, best_z, best, _ = descend_until_stall(optax.lbfgs(), fn, init, int(num_steps))
     last = fn(z)
     return jnp.where(jnp.isfinite(last) & (last <= best), z, best_z)
 
