@@ -103,39 +103,55 @@ def _update(tx, z, state, value, grad, fn):
 def descend_until_stall(tx, fn, init: Array, num_steps: int, max_steps=None):
     """At most ``num_steps`` steps of ``tx`` on a deterministic ``fn`` from ``init`` in a
     ``lax.while_loop`` that stops once the loss has stalled: ``STALL_STEPS`` steps in a row improving
-    the best loss by at most ``STALL_TOL * eps * (1 + |loss|)`` (eps of ``init``'s dtype). A converged
-    L-BFGS otherwise spends every remaining step in a line search that cannot decrease the loss
-    (tens of evaluations each): 200 steps cost 7x the 10 that converge. Steps with a non-finite
+    the best loss by at most ``noise = STALL_TOL * eps * (1 + |loss|)`` (eps of ``init``'s dtype). A
+    converged L-BFGS otherwise spends every remaining step in a line search that cannot decrease the
+    loss (tens of evaluations each): 200 steps cost 7x the 10 that converge. Steps with a non-finite
     value, gradient or point are rejected (the point and state stay). Under ``vmap`` the loop runs
     until every lane has stopped, the finished lanes unchanged.
 
-    Returns ``(steps taken, last point, best point, best loss, rejected steps)``; the best loss is
-    the loss at the best point, the last point is not yet scored.
+    The point returned is the best visited (the last one included): the lowest loss, and among
+    losses within ``noise`` of each other (in float32 the rounding of a loss of order 10 is about
+    1e-6, more than the loss still to be gained near the mode) the smallest gradient.
+
+    Returns ``(steps taken, best point, its loss, its gradient norm, rejected steps)``.
     """
     state0 = tx.init(init)
-    vg = optax.value_and_grad_from_state(fn) if _stores_value(state0) else jax.value_and_grad(fn)
+    from_state = _stores_value(state0)
+    vg = optax.value_and_grad_from_state(fn) if from_state else jax.value_and_grad(fn)
     tol = STALL_TOL * jnp.finfo(init.dtype).eps
 
+    def better(value, gnorm, best_loss, best_gnorm):
+        noise = tol * (1.0 + jnp.abs(value))
+        ok = jnp.isfinite(value) & jnp.isfinite(gnorm)
+        return ok & ((value < best_loss - noise) | ((value <= best_loss + noise) & (gnorm < best_gnorm))), \
+            ok & (value < best_loss - noise)
+
     def cond(carry):
-        t, stall = carry[0], carry[6]
+        t, stall = carry[0], carry[7]
         return (t < num_steps) & (stall < STALL_STEPS) & within_budget(t, max_steps)
 
     def body(carry):
-        t, z, state, best_z, best_loss, rejected, stall = carry
-        value, grad = vg(z, state=state) if _stores_value(state0) else vg(z)
+        t, z, state, best_z, best_loss, best_gnorm, rejected, stall = carry
+        value, grad = vg(z, state=state) if from_state else vg(z)
         new_z, new_state, ok = _update(tx, z, state, value, grad, fn)
         z_next, state_next = tree_select(ok, (new_z, new_state), (z, state))
-        better = jnp.isfinite(value) & (value < best_loss)
-        gained = better & (value < best_loss - tol * (1.0 + jnp.abs(value)))
-        best_z = jnp.where(better, z, best_z)
-        best_loss = jnp.where(better, value, best_loss)
+        gnorm = jnp.linalg.norm(grad)
+        take, gained = better(value, gnorm, best_loss, best_gnorm)
+        best_z, best_loss, best_gnorm = tree_select(take, (z, value, gnorm), (best_z, best_loss, best_gnorm))
         stall = jnp.where(gained, 0, stall + 1)
-        return (t + 1, z_next, state_next, best_z, best_loss, rejected + (~ok).astype(jnp.int32), stall)
+        return (t + 1, z_next, state_next, best_z, best_loss, best_gnorm, rejected + (~ok).astype(jnp.int32),
+                stall)
 
     zero = jnp.array(0, jnp.int32)
-    carry0 = (zero, init, state0, init, jnp.array(jnp.inf, init.dtype), zero, zero)
-    taken, z, _, best_z, best_loss, rejected, _ = jax.lax.while_loop(cond, body, carry0)
-    return taken, z, best_z, best_loss, rejected
+    inf = jnp.array(jnp.inf, init.dtype)
+    carry0 = (zero, init, state0, init, inf, inf, zero, zero)
+    taken, z, _, best_z, best_loss, best_gnorm, rejected, _ = jax.lax.while_loop(cond, body, carry0)
+    # the last point was never scored inside the loop
+    value, grad = jax.value_and_grad(fn)(z)
+    gnorm = jnp.linalg.norm(grad)
+    take, _ = better(value, gnorm, best_loss, best_gnorm)
+    best_z, best_loss, best_gnorm = tree_select(take, (z, value, gnorm), (best_z, best_loss, best_gnorm))
+    return taken, best_z, best_loss, best_gnorm, rejected
 
 
 # the full-batch loop stops after STALL_STEPS steps in a row that improve the best loss by at most
@@ -169,10 +185,12 @@ def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num
     def full_loss(z):
         return mean_loss(potential, z, target)
 
-    inf = jnp.array(jnp.inf, dtype=init.dtype)
     if batch_size is None:
-        taken, z, best_z, best_loss, rejected = descend_until_stall(tx, full_loss, init, num_steps, max_steps)
+        taken, z, loss, gnorm, rejected = descend_until_stall(tx, full_loss, init, num_steps, max_steps)
+        return MapResult(z, loss, gnorm, rejected, taken)
     else:
+        inf = jnp.array(jnp.inf, dtype=init.dtype)
+
         def step(carry, xs):
             z, state, best_z, best_loss, rejected = carry
             k, t = xs
@@ -197,11 +215,6 @@ def minimize(potential, target, init: Array, *, key: Optional[Array] = None, num
         taken = jnp.array(num_steps, jnp.int32) if max_steps is None else \
             jnp.minimum(jnp.asarray(max_steps), num_steps).astype(jnp.int32)
     loss, grad = jax.value_and_grad(full_loss)(z)
-    if batch_size is None:
-        # The last point was never scored inside the loop; keep it if it is the best.
-        use_last = jnp.isfinite(loss) & (loss <= best_loss)
-        z = jnp.where(use_last, z, best_z)
-        loss, grad = jax.value_and_grad(full_loss)(z)
     return MapResult(z, loss, jnp.linalg.norm(grad), rejected, taken)
 
 

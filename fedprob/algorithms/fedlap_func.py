@@ -101,10 +101,9 @@ class FuncClient(NamedTuple):
 def lbfgs_minimize(fn, init, num_steps: int):
     """At most ``num_steps`` L-BFGS steps (zoom line search) on a deterministic ``fn`` from ``init``,
     stopping once the loss stalls (:func:`fedprob.inference.optim.descend_until_stall`); non-finite
-    steps are rejected. Returns the best point visited."""
-    _, z, best_z, best, _ = descend_until_stall(optax.lbfgs(), fn, init, int(num_steps))
-    last = fn(z)
-    return jnp.where(jnp.isfinite(last) & (last <= best), z, best_z)
+    steps are rejected. Returns the best point visited (lowest loss; among losses equal to rounding, the
+    smallest gradient)."""
+    return descend_until_stall(optax.lbfgs(), fn, init, int(num_steps))[1]
 
 
 def soft_labels(potential, w, X):
