@@ -7,8 +7,8 @@ exact reference sampler for small models). NumPyro's
 ``numpyro.infer.hmc.hmc(potential_fn=U, algo=...)`` builds the kernels inside
 ``run``, so ``run`` is a pure traced function: jittable and vmappable over
 ``(key, target, init)``, with warmup (dual-averaging step size, Welford mass
-matrix on NumPyro's windowed schedule) and sampling as ``lax.scan`` over
-``sample_kernel``. Under ``vmap`` every client runs its own adaptation; the
+matrix on NumPyro's windowed schedule) and sampling as one ``lax.scan`` over
+``sample_kernel`` (the kernel is traced and compiled once). Under ``vmap`` every client runs its own adaptation; the
 tree building of all clients runs in lock step (a step costs the deepest tree
 of the batch).
 
@@ -84,38 +84,58 @@ def _run_kernel(backend, algo: str, key, potential, target, init, extra: dict) -
             s = s._replace(trajectory_length=traj * (1.0 - jitter * u))
         return sample_kernel(s)
 
-    def warm(s, k):
+    # One scan over every transition (warmup, then num_samples blocks of thinning), so the kernel is
+    # traced, batched and compiled once (a scan for warmup and one for sampling held two copies of the
+    # NUTS tree building: twice the compile). The kept transition of block i, the block's last, lands in
+    # row i of a buffer in the carry (every transition of the block writes row i; the last write stays);
+    # warmup transitions write row 0, which block 0 overwrites.
+    W, S, T = backend.num_warmup, backend.num_samples, backend.thinning
+    draw_keys = jax.vmap(lambda k: jax.random.split(k, T))(jax.random.split(k_draw, S))
+    keys = jnp.concatenate([jax.random.split(k_warm, W), draw_keys.reshape((S * T,) + draw_keys.shape[2:])], 0)
+
+    def record(s):
+        return (s.z, {"diverging": s.diverging, "acceptance_rate": s.accept_prob,
+                      "step_size": s.adapt_state.step_size, "n_steps": s.num_steps.astype(jnp.int32),
+                      "energy": s.energy, "lp": -s.potential_energy})
+
+    def buffer(x):
+        return jnp.zeros((S,) + jnp.shape(x), jnp.result_type(x))
+
+    zero = jnp.zeros((), jnp.result_type(float))
+
+    def step(carry, xs):
+        s, kept, (warm_div, acc, div, nsteps, depth) = carry
+        k, t = xs
         s = kernel(s, k)
-        return s, s.diverging
+        row = jnp.maximum(t - W, 0) // T
+        kept = jax.tree_util.tree_map(
+            lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, jnp.asarray(x, buf.dtype), row, 0),
+            kept, record(s))
+        sampling = t >= W
+        warm_div = warm_div + jnp.where(sampling, 0, s.diverging.astype(jnp.int32))
+        acc = acc + jnp.where(sampling, s.accept_prob, 0.0).astype(acc.dtype)
+        div = div + jnp.where(sampling, s.diverging.astype(jnp.int32), 0)
+        nsteps = nsteps + jnp.where(sampling, s.num_steps, 0).astype(nsteps.dtype)
+        depth = depth + jnp.where(sampling, _tree_depth(s.num_steps), 0)
+        return (s, kept, (warm_div, acc, div, nsteps, depth)), None
 
-    state, warm_div = jax.lax.scan(warm, state, jax.random.split(k_warm, backend.num_warmup))
-
-    def transition(s, k):
-        s = kernel(s, k)
-        return s, (s.accept_prob, s.diverging, s.num_steps)
-
-    def draw(s, k):
-        s, stats = jax.lax.scan(transition, s, jax.random.split(k, backend.thinning))
-        kept = {"diverging": s.diverging, "acceptance_rate": s.accept_prob,
-                "step_size": s.adapt_state.step_size, "n_steps": s.num_steps.astype(jnp.int32),
-                "energy": s.energy, "lp": -s.potential_energy}
-        return s, (s.z, stats, kept)
-
-    state, (draws, (acc, div, nsteps), per_draw) = jax.lax.scan(
-        draw, state, jax.random.split(k_draw, backend.num_samples))
+    kept0 = jax.tree_util.tree_map(buffer, record(state))
+    counts0 = (jnp.zeros((), jnp.int32), zero, jnp.zeros((), jnp.int32), zero, jnp.zeros((), jnp.int32))
+    (state, (draws, per_draw), (warm_div, acc, div, nsteps, depth)), _ = jax.lax.scan(
+        step, (state, kept0, counts0), (keys, jnp.arange(W + S * T)))
+    n_post = S * T
     if algo == "NUTS":
         per_draw["tree_depth"] = _tree_depth(per_draw["n_steps"])
-    nsteps = nsteps.astype(jnp.result_type(float))
     diagnostics = {
-        "accept_prob": jnp.mean(acc),
-        "num_divergences": jnp.sum(div.astype(jnp.int32)),
-        "num_warmup_divergences": jnp.sum(warm_div.astype(jnp.int32)),
-        "num_steps": jnp.mean(nsteps),
+        "accept_prob": acc / n_post,
+        "num_divergences": div,
+        "num_warmup_divergences": warm_div,
+        "num_steps": nsteps / n_post,
         "step_size": state.adapt_state.step_size,
     }
     if algo == "NUTS":
-        # NumPyro: tree depth = floor(log2(num_steps)) + 1.
-        diagnostics["tree_depth"] = jnp.mean(jnp.floor(jnp.log2(jnp.maximum(nsteps, 1.0))) + 1.0)
+        # NumPyro: tree depth = floor(log2(num_steps)) + 1, averaged over the post-warmup transitions
+        diagnostics["tree_depth"] = depth.astype(zero.dtype) / n_post
     diagnostics["finite"] = finite_flag(draws)
     diagnostics[DRAW_STATS] = per_draw
     return ClientResult(Samples(draws), state.z, diagnostics)
