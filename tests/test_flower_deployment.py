@@ -333,7 +333,16 @@ def test_deployment_engine_with_tls_and_node_authentication(federation):
     from fedprob.rundir import load_runs
 
     assert load_runs(run)[0]["name"] == "PVI"           # `fedprob report` reads it
-    # EP-MCMC with Laplace clients: the local engine's answer, and the exact conjugate posterior
+
+
+@pytest.mark.slow
+def test_deployment_engine_runs_a_one_round_product(federation):
+    """EP-MCMC with Laplace clients through `flwr run`: the local engine's answer and the exact conjugate
+    posterior (slow: a second app on the same federation; the default run's version is the PVI app of
+    test_deployment_engine_with_tls_and_node_authentication; EP-MCMC with Laplace clients through the Flower
+    engine's grid is checked against the local engine in tests/test_flower.py)."""
+    f, fed, tmp = federation
+    f.wait_online(3, timeout=120)
     out, run, post, dep, hist = _run_app(f, tmp, "epmcmc", {"name": "EPMCMC"}, client={"name": "Laplace"})
     local = fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), _model(), fed, progress=False)
     np.testing.assert_allclose(post["mean/w"], np.asarray(local.posterior.mean["w"]), rtol=1e-4, atol=1e-5)
