@@ -269,8 +269,9 @@ def ess_per_gradient(quick: bool, batch: int = 32) -> list:
     cyclical SGHMC, the others with ``precondition=None``, on a well- and an ill-conditioned client.
     Every sampler runs at its defaults apart from the named option, a fixed length (ESS stretch off) and
     ``batch_size``; gradients: steps x (2 with the control variate, else 1), plus the pre-pass (the
-    mode search's L-BFGS steps and ``d`` Hessian-vector products counted as 2 gradients each, on the
-    full batch: ``n / batch`` minibatch gradients apiece)."""
+    mode search's L-BFGS steps, counted as MODE_STEPS although the search stops once its loss stalls,
+    so an upper bound, and ``d`` Hessian-vector products counted as 2 gradients each, on the full
+    batch: ``n / batch`` minibatch gradients apiece)."""
     from fedprob.inference.sgmcmc.precondition import MODE_STEPS
     f = 4 if quick else 1
     burn, samples, thin = 1000 // f, 1000 // f, 5
