@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from ..inference.budget import frozen_after
+from ..inference.optim import descend_until_stall
 from ..potential import make_target, mean_loss
 
 
@@ -85,23 +86,13 @@ def train_locally(potential, w0, data, key, *, optimizer, total_steps: int, step
 
 def local_mode(potential, w_g, w_l0, data, num_steps: int = 100):
     """``(w_l, finite)``: the local block at the mode of ``p(w_l | w_g) p(D_k | w_g, w_l)`` for the fixed
-    global block ``w_g``, by ``num_steps`` full-batch L-BFGS steps from ``w_l0`` (a step whose loss or
-    point is not finite is rejected); ``finite`` is False when no finite point was reached."""
+    global block ``w_g``, by at most ``num_steps`` full-batch L-BFGS steps from ``w_l0``, stopping once the
+    loss stalls (:func:`fedprob.inference.optim.descend_until_stall`; a step whose loss or point is not
+    finite is rejected); ``finite`` is False when no finite point was reached."""
     target = make_target(data, potential.dim, prior_weight=0.0)
 
     def loss(w_l):
         return mean_loss(potential, jnp.concatenate([w_g, w_l]), target)
 
-    tx = optax.lbfgs()
-    vg = optax.value_and_grad_from_state(loss)
-
-    def step(carry, _):
-        w, state = carry
-        value, grad = vg(w, state=state)
-        upd, new_state = tx.update(grad, state, w, value=value, grad=grad, value_fn=loss)
-        new = optax.apply_updates(w, upd)
-        ok = jnp.isfinite(value) & jnp.all(jnp.isfinite(new))
-        return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), (new, new_state), (w, state)), None
-
-    (w, _), _ = jax.lax.scan(step, (w_l0, tx.init(w_l0)), None, length=int(num_steps))
-    return w, jnp.isfinite(loss(w)) & jnp.all(jnp.isfinite(w))
+    _, w, value, _, _ = descend_until_stall(optax.lbfgs(), loss, w_l0, int(num_steps))
+    return w, jnp.isfinite(value) & jnp.all(jnp.isfinite(w))
