@@ -69,6 +69,8 @@ class ConsensusMC(GaussianProductAlgorithm):
     (:class:`~fedprob.algorithms.one_round_base.GaussianProductAlgorithm`).
     """
 
+    maps_draws_to_fit = True
+
     def prior_weight(self, ctx: Context) -> float:
         return 1.0 / ctx.num_clients
 
@@ -88,17 +90,17 @@ class ConsensusMC(GaussianProductAlgorithm):
             g, cov, fallback = fitted_gaussian(draws, fit, diag, self.jitter, "ConsensusMC")
             ess = draws_ess(draws)
             if fit is not None:
-                draws = match_moments(draws, g, diag)
+                draws = match_moments(draws, g, diag, fit[3] if len(fit) > 3 else None)
         else:                       # exact Gaussian output: its own iid draws
             g = result_gaussian(post, diag, self.jitter)
             cov = g.variance() if diag else g.covariance()
             ess = jnp.full(draws.shape[1:], float(draws.shape[0]), draws.dtype)
             if fit is not None:     # a variational Gaussian refined from these draws (stein_fit)
-                st, _, ok = fit
+                st, _, ok = fit[:3]
                 fallback = (~ok).astype(draws.dtype)
                 g = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), st, g)
                 cov = g.variance() if diag else g.covariance()
-                draws = match_moments(draws, g, diag)
+                draws = match_moments(draws, g, diag, fit[3] if len(fit) > 3 else None)
         W = g.precision
         weighted = W * draws if diag else draws @ W
         return {"weight": W, "weighted_draws": weighted, "stein_fallbacks": fallback, **mc_message(W, cov, ess)}

@@ -78,7 +78,7 @@ def client_gaussian_message(result, diag: bool, jitter: float, name: str, fit=No
                 **mc_message(g.precision, cov, draws_ess(post.draws))}
     g = result_gaussian(post, diag, jitter)
     if fit is not None:             # a variational Gaussian refined from its own draws (iid: ESS = S)
-        st, resid, ok = fit
+        st, resid, ok = fit[:3]
         c = resid - jnp.mean(resid, 0)
         S = resid.shape[0]
         cov = jnp.sum(c * c, 0) / (S - 1) if diag else c.T @ c / (S - 1)
@@ -100,7 +100,7 @@ def fitted_gaussian(draws, fit, diag: bool, jitter: float, name: str):
     mm = gauss.moment_match(draws, diag, jitter, name=name, warn=fit is None)
     if fit is None:
         return mm, (mm.variance() if diag else mm.covariance()), jnp.zeros((), draws.dtype)
-    g, resid, ok = fit
+    g, resid, ok = fit[:3]
     g = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), g, mm)
     c = jnp.where(ok, resid, draws)
     c = c - jnp.mean(c, 0)
@@ -108,13 +108,18 @@ def fitted_gaussian(draws, fit, diag: bool, jitter: float, name: str):
     return g, cov, (~ok).astype(draws.dtype)
 
 
-def match_moments(draws, g: Gaussian, diag: bool) -> Array:
+def match_moments(draws, g: Gaussian, diag: bool, transform=None) -> Array:
     """(S, d) draws mapped linearly so that their sample mean and covariance are ``g``'s (diagonal:
     their mean and variances): ``mean_g + Sigma_g^1/2 C^-1/2 (x - mean(x))`` with ``C`` the draws'
     sample covariance and symmetric square roots. The draws keep their shape (skew, tails) and take
-    the fitted moments."""
+    the fitted moments. ``transform``: ``(mean, T)`` already computed for these draws (a full Stein
+    fit's, :func:`fedprob.algorithms.stein.stein_gaussian` with ``transform=True``), which saves the
+    two eigendecompositions and the inverse here."""
     S = draws.shape[0]
     c = draws - jnp.mean(draws, 0)
+    if transform is not None and not diag:
+        mean, T = transform
+        return mean + c @ T.T
     tiny = jnp.finfo(draws.dtype).tiny
     if diag:
         sd = jnp.sqrt(jnp.sum(c * c, 0) / (S - 1))

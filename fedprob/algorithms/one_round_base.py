@@ -422,6 +422,10 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         summing server, ``bias_probes > 0``)."""
         return self.family == "diag" and self.bias_probes > 0 and self.sums_messages()
 
+    #: True when :meth:`make_message` maps the draws onto the Stein fit's moments: the fit then carries
+    #: the map (:func:`fedprob.algorithms.stein.stein_gaussian` with ``transform=True``).
+    maps_draws_to_fit = False
+
     def stein_fit(self, ctx: Context, data, result, key):
         """``(Gaussian, residuals, ok)`` by Stein moments (:func:`fedprob.algorithms.stein.stein_gaussian`,
         the gradients of the client's target with prior share :meth:`prior_weight`), or None
@@ -451,7 +455,8 @@ class GaussianProductAlgorithm(SummingOneRoundAlgorithm):
         batch = getattr(self.backend, "batch_size", None)
         keys = jax.random.split(jax.random.fold_in(key, 23), draws.shape[0])
         grads = jax.vmap(lambda z, k: jax.grad(ctx.potential.log_density)(z, target, k, batch))(draws, keys)
-        return stein_gaussian(draws, grads.astype(draws.dtype), self.family == "diag", self.jitter)
+        return stein_gaussian(draws, grads.astype(draws.dtype), self.family == "diag", self.jitter,
+                              transform=self.maps_draws_to_fit)
 
     def make_message(self, ctx: Context, result, key, fit=None):  # pragma: no cover - abstract
         """The pytree a client sends, from its :class:`ClientResult` and its :meth:`stein_fit` (or None)."""

@@ -29,20 +29,27 @@ def stein_regression(x: Array, grads: Array, diag: bool, jitter: float = 1e-6):
     """``(nu, Lam)`` of the regression ``grads ~ nu - Lam x`` over (S, d) draws (module docstring);
     ``Lam`` (d, d) symmetrized, or (d,) with ``diag``. ``jitter`` (relative to each coordinate's
     variance) keeps ``Cov(x)`` invertible."""
+    nu, Lam, _ = _regression(x, grads, diag, jitter)
+    return nu, Lam
+
+
+def _regression(x, grads, diag, jitter):
+    """``(nu, Lam, eig)``: :func:`stein_regression` and the eigendecomposition ``(a, V)`` of the
+    draws' jittered sample covariance (None with ``diag``)."""
     S = x.shape[0]
     mx, mg = jnp.mean(x, 0), jnp.mean(grads, 0)
     cx, cg = x - mx, grads - mg
     if diag:
         var = jnp.sum(cx * cx, 0) / (S - 1)
         T = -(jnp.sum(cg * cx, 0) / (S - 1)) / (var * (1.0 + jitter))
-        return mg + T * mx, T
+        return mg + T * mx, T, None
     C_xx = cx.T @ cx / (S - 1)
     C_xx = C_xx + jnp.diag(jitter * jnp.diagonal(C_xx) + 1e-30)
     C_gx = cg.T @ cx / (S - 1)
     a, V = jnp.linalg.eigh(0.5 * (C_xx + C_xx.T))
     Lam = -(C_gx @ V / a) @ V.T
     Lam = 0.5 * (Lam + Lam.T)
-    return mg + Lam @ mx, Lam
+    return mg + Lam @ mx, Lam, (a, V)
 
 
 def is_positive_definite(precision: Array) -> Array:
@@ -54,16 +61,24 @@ def is_positive_definite(precision: Array) -> Array:
     return ok & jnp.all(jnp.isfinite(jnp.linalg.cholesky(P)))
 
 
-def stein_gaussian(x: Array, grads: Array, diag: bool, jitter: float = 1e-6):
+def stein_gaussian(x: Array, grads: Array, diag: bool, jitter: float = 1e-6, transform: bool = False):
     """``(Gaussian, residuals, ok)``: the Stein fit of (S, d) draws ``x`` with scores ``grads`` of the
     density they were drawn from, the per-draw residuals ``x_s + Lam^-1 g_s`` (S, d) whose mean is the
     fit's mean (their covariance over the ESS is the mean's Monte Carlo covariance), and whether the fit
-    is positive definite (when not, the caller falls back to sample moments)."""
-    nu, Lam = stein_regression(x, grads, diag, jitter)
+    is positive definite (when not, the caller falls back to sample moments).
+
+    ``transform=True`` appends ``(mean, T)``: the fit's mean and, for a full fit, the (d, d) map
+    ``T = Sigma^1/2 C^-1/2`` (symmetric square roots; ``Sigma = Lam^-1``, ``C`` the draws' jittered
+    sample covariance) that takes the centred draws onto the fit's covariance (``T C T' = Sigma``), built
+    from the eigendecompositions the fit already has; where the fit is not ok, the draws' own mean and
+    the identity (the draws keep their sample moments). None for ``diag``.
+    :func:`fedprob.algorithms.messages.match_moments` uses it."""
+    nu, Lam, eig = _regression(x, grads, diag, jitter)
     if diag:
         ok = is_positive_definite(Lam) & jnp.all(jnp.isfinite(nu))
         resid = x + grads / jnp.where(ok, Lam, 1.0)
-        return Gaussian(nu, Lam), resid, ok
+        out = (Gaussian(nu, Lam), resid, ok)
+        return out + (None,) if transform else out
     # eigendecompositions rather than Cholesky solves: in a vmapped client phase, XLA's CPU runtime
     # occasionally never returned from programs with batched Cholesky / triangular-solve custom calls
     finite = jnp.all(jnp.isfinite(Lam)) & jnp.all(jnp.isfinite(nu))
@@ -71,7 +86,17 @@ def stein_gaussian(x: Array, grads: Array, diag: bool, jitter: float = 1e-6):
     ok = finite & (jnp.min(a) > 0)
     inv = (V / jnp.where(ok, a, 1.0)) @ V.T
     resid = x + grads @ inv.T
-    return Gaussian(nu, Lam), resid, ok
+    out = (Gaussian(nu, Lam), resid, ok)
+    if not transform:
+        return out
+    a_x, V_x = eig
+    tiny = jnp.finfo(x.dtype).tiny
+    root_fit = (V / jnp.sqrt(jnp.where(ok, a, 1.0))) @ V.T
+    inv_root_x = (V_x / jnp.sqrt(jnp.maximum(a_x, tiny))) @ V_x.T
+    T = root_fit @ inv_root_x
+    use = ok & jnp.all(jnp.isfinite(T))
+    T = jnp.where(use, T, jnp.eye(T.shape[0], dtype=T.dtype))
+    return out + ((jnp.where(use, inv @ nu, jnp.mean(x, 0)), T),)
 
 
 __all__ = ["stein_regression", "stein_gaussian", "is_positive_definite"]
