@@ -204,3 +204,17 @@ def test_map_search_benchmark_quick():
     (row,) = bench.main(["--quick"])
     assert row["rounds"] == 25 and row["mean_diff_in_sd"] < 1e-6, row
     assert positive_finite(row["fixed_over_stall"]) and row["fixed_over_stall"] > 2, row
+
+
+def test_network_curvature_benchmark_quick():
+    """benchmarks/network_curvature.py --quick: the diagonal GGN of an MLP by per-row Jacobians, by one
+    reverse pass per row and class (the same numbers), and as a Monte Carlo Fisher; FedLap-Cov with
+    sampled labels beside FedAvg."""
+    bench = load_script("network_curvature")
+    out = bench.main(["--quick"])
+    one = out["one_client"]
+    assert one["exact_vs_jacobians_max_rel"] < 1e-4, one
+    assert 0 < one["fisher_rel_err_median"] < 0.5, one
+    rows = {(r["method"], r["engine"]): r for r in out["federation"]["rows"]}
+    assert set(m for m, _ in rows) == {"FedAvg", "FedLapCov(fisher_samples=1)"}
+    assert all(positive_finite(r["round_s"]) and 0 <= r["accuracy_at_mean"] <= 1 for r in rows.values())

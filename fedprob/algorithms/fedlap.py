@@ -107,7 +107,10 @@ class FedLapCov(Configured):
     or "diag" (exact Hessian diagonal, clipped at a small positive floor);
     prediction: "auto" (the default: "mean" or "average", whichever predicts the clients' rows
     better under their cavities, :mod:`~fedprob.algorithms.prediction_choice`), "average" over
-    draws of q_g, or "mean".
+    draws of q_g, or "mean". fisher_samples (``hessian="ggn"``): labels drawn per row for a Monte
+    Carlo Fisher (:func:`fedprob.inference.laplace.ggn_likelihood`); None (the default) is exact
+    for small Jacobians and one label per row for networks with many outputs (a row then costs one
+    reverse pass, not one per class), 0 always exact.
     """
 
     delta: Optional[float] = None
@@ -119,6 +122,7 @@ class FedLapCov(Configured):
     batch_size: Optional[int] = None
     prediction: str = "auto"
     num_predictive_draws: int = 32
+    fisher_samples: Optional[int] = None
     rho: Any = alias_field()
 
     def __post_init__(self):
@@ -130,7 +134,8 @@ class FedLapCov(Configured):
 
     def loop(self) -> NaturalLoop:
         client = Laplace(hessian=_HESSIANS[self.hessian], num_steps=self.num_steps, optimizer=self.optimizer,
-                         learning_rate=self.learning_rate, batch_size=self.batch_size)
+                         learning_rate=self.learning_rate, batch_size=self.batch_size,
+                         fisher_samples=self.fisher_samples if self.hessian == "ggn" else None)
         return NaturalLoop(client=client, family="diag", rho=1.0, damping=self.damping, alpha=1.0, delta=self.delta,
                            prediction=self.prediction, num_predictive_draws=self.num_predictive_draws)
 
