@@ -154,12 +154,10 @@ def fmnist_methods(local_epochs: float):
             "BayesADMM-IVON-tau0.03": BayesADMM(client=ivon, tau=0.03)}
 
 
-#: run unless ``--methods`` names it: FedLap-Cov's exact diagonal GGN costs a Jacobian of the
-#: 178,000 weights per row and class (7-8 s for a 288-row client); with each client alone
-#: (``fp.engine.Local(client_chunk=1)``, so that no client pays for another's padding) 10 rounds took 2,170 s on two
-#: CPU cores shared with a test run: 72.5% at the mean after 10 rounds, 14.7% averaged over draws of
-#: the untempered Laplace posterior
-FMNIST_OPT_IN = ("FedLapCov",)
+#: run only when ``--methods`` names them (none now). FedLap-Cov was, while its diagonal GGN took per-row
+#: Jacobians of the 178,000 weights (217 s a round); with the Monte Carlo Fisher that is its default on
+#: this network (benchmarks/results/network_curvature.md) its 50 rounds, each client alone, took 4 min
+FMNIST_OPT_IN: tuple = ()
 
 
 def run_fmnist(root, rounds: int, local_epochs: float, only=None, eval_every: int = 5):
