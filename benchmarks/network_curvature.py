@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import destination, write_results  # noqa: E402
 import fedprob as fp                                            # noqa: E402
 from fedprob.inference.laplace import ggn_likelihood, natural_parameters  # noqa: E402
 from fedprob.metrics import classification_metrics             # noqa: E402
@@ -183,11 +184,7 @@ def main(argv=None) -> dict:
     md += ["", "```", json.dumps(meta), "```"]
     print("\n".join(md))
     out = {"one_client": one, "federation": two, "meta": meta}
-    dest = args.out if args.out is not None else (None if args.quick else str(Path(__file__).parent / "results"))
-    if dest:
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        (Path(dest) / "network_curvature.json").write_text(json.dumps(out, indent=2))
-        (Path(dest) / "network_curvature.md").write_text("\n".join(md) + "\n")
+    write_results(destination(args.out, args.quick), "network_curvature", out, md)
     return out
 
 

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_io import destination, write_results  # noqa: E402
 import fedprob as fp                              # noqa: E402
 from fedprob.data.loaders import load_digits      # noqa: E402
 from fedprob.potential import get_potential, make_target  # noqa: E402
@@ -116,11 +117,7 @@ def main(argv=None) -> dict:
           "```", json.dumps(meta), "```"]
     print("\n".join(md))
     out = {"row": row, "meta": meta}
-    dest = args.out if args.out is not None else (None if args.quick else str(Path(__file__).parent / "results"))
-    if dest:
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        (Path(dest) / "overhead.json").write_text(json.dumps(out, indent=2))
-        (Path(dest) / "overhead.md").write_text("\n".join(md) + "\n")
+    write_results(destination(args.out, args.quick), "overhead", out, md)
     return out
 
 
