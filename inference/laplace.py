@@ -26,7 +26,10 @@ minibatch):
   link (linear ``eta``) the GGN equals the Hessian. Rows are processed
   ``chunk_size`` at a time (Jacobian memory ``chunk_size * K * d``), each
   row's Jacobian by K reverse passes (or d forward passes over the chunk when
-  ``d <= K``). Where no closed form exists (another likelihood, a mask, a
+  ``d <= K``). The diagonal forms no Jacobian: K reverse passes per row with
+  the columns of a square root of ``H_i`` as cotangents, or, by default for
+  networks whose rows' Jacobians are large, one pass per row with a sampled
+  label (a Monte Carlo Fisher, unbiased; ``fisher_samples``, :func:`ggn_likelihood`). Where no closed form exists (another likelihood, a mask, a
   ``numpyro.factor``, several observed sites: :func:`ggn_supported`) the
   exact curvature is used instead ("full" / "diag"), so any likelihood
   NumPyro can score has a Laplace client.
