@@ -22,16 +22,15 @@ def small_clients(seed=0, sizes=(4, 5, 6, 8, 10), d=5):
 
 def loo_client_scores(Xs, ys, prior=PRIOR):
     """Per row: the plug-in log density at the exact cavity mean and the exact cavity predictive
-    N(x' m_-k, sigma^2 + x' S_-k x), summed over every client's rows."""
+    N(x' m_-k, sigma^2 + x' S_-k x), each client's mean over its rows averaged over the clients."""
     at_mean = averaged = 0.0
     for k, (X, y) in enumerate(zip(Xs, ys)):
         rest = [j for j in range(len(Xs)) if j != k]
         m, S = linreg_exact_posterior([Xs[j] for j in rest], [ys[j] for j in rest], SIGMA, prior)
         mu, v = X @ m, SIGMA ** 2 + np.einsum("ni,ij,nj->n", X, S, X)
-        at_mean += np.sum(-0.5 * np.log(2 * np.pi * SIGMA ** 2) - (y - mu) ** 2 / (2 * SIGMA ** 2))
-        averaged += np.sum(-0.5 * np.log(2 * np.pi * v) - (y - mu) ** 2 / (2 * v))
-    n = sum(len(y) for y in ys)
-    return at_mean / n, averaged / n
+        at_mean += np.mean(-0.5 * np.log(2 * np.pi * SIGMA ** 2) - (y - mu) ** 2 / (2 * SIGMA ** 2))
+        averaged += np.mean(-0.5 * np.log(2 * np.pi * v) - (y - mu) ** 2 / (2 * v))
+    return at_mean / len(Xs), averaged / len(Xs)
 
 
 def test_auto_scores_are_the_exact_leave_one_client_out_predictives(x64):
@@ -48,7 +47,7 @@ def test_auto_scores_are_the_exact_leave_one_client_out_predictives(x64):
     at_mean, averaged = loo_client_scores(Xs, ys)
     np.testing.assert_allclose(choice["elpd_mean"], at_mean, rtol=1e-6)
     np.testing.assert_allclose(choice["elpd_average"], averaged, atol=0.05)
-    assert averaged > at_mean + 0.2                       # the oracle's own verdict
+    assert averaged > at_mean + 0.15                      # the oracle's own verdict
     assert choice["prediction"] == "average" and res.posterior.prediction == "average"
     assert choice["clients"] == 5
 

@@ -13,12 +13,19 @@ The natural loop holds, for free, each client's *cavity*
 global posterior without client k's data. Scoring client k's own rows under
 it is a leave-one-client-out cross-validation of the two predictives::
 
-    elpd_mean    = sum_k sum_i log p(y_ki | x_ki, m_{-k})
-    elpd_average = sum_k sum_i log (1/S) sum_s p(y_ki | x_ki, z_s),   z_s ~ q_{-k}
+    elpd_mean    = (1/K) sum_k (1/n_k) sum_i log p(y_ki | x_ki, m_{-k})
+    elpd_average = (1/K) sum_k (1/n_k) sum_i log (1/S) sum_s p(y_ki | x_ki, z_s),   z_s ~ q_{-k}
 
 each client computing its two sums on its own rows (two numbers sent, no
 rows). ``"auto"`` predicts with the larger (the average on a tie or when no
-cavity is a distribution). On the MLP above the scores were -1.92 (mean)
+cavity is a distribution). Each client's fold counts alike (per-row means
+averaged over clients, as K-fold cross-validation averages its folds): a
+client holding most of the rows has a cavity fitted to the few rows left,
+and pooled over rows its fold alone would decide (Fashion-MNIST MLP,
+FedLap-Cov, 10 rounds: the largest client, 2,555 of 6,000 rows, scored
+-8.2 at the mean against -6.0 averaged while 8 of the 10 clients scored
+better at the mean; pooled, the average was chosen, 15% test accuracy
+against 72% at the mean). On the MLP above the scores were -1.92 (mean)
 against -2.29 (average) per row; on softmax regression -1.15 against -1.20
 (test NLL 0.25 at the mean, 0.38 averaged). A cavity that is not a
 distribution (a site larger than the rest of the posterior) is left out.
@@ -64,15 +71,17 @@ def cavity_scores(potential, lam_g: Gaussian, sites: Gaussian, data, key, num_dr
 
 
 def choose(potential, lam_g: Gaussian, sites: Gaussian, data, key) -> dict:
-    """``{"prediction": "mean" | "average", "elpd_mean", "elpd_average" (per row), "clients"}``: the
-    leave-one-client-out choice (module docstring); "average" when no cavity is a distribution."""
+    """``{"prediction": "mean" | "average", "elpd_mean", "elpd_average" (per row, averaged over
+    clients), "clients"}``: the leave-one-client-out choice (module docstring); "average" when no
+    cavity is a distribution."""
     at_mean, averaged, valid = cavity_scores(potential, lam_g, sites, data, key)
-    rows = jnp.sum(jnp.where(valid, data.n, 0))
+    valid = valid & (data.n > 0)
     used = int(jnp.sum(valid))
-    if used == 0 or int(rows) == 0:
+    if used == 0:
         return {"prediction": "average", "clients": 0}
-    em = float(jnp.sum(jnp.where(valid, at_mean, 0.0)) / rows)
-    ea = float(jnp.sum(jnp.where(valid, averaged, 0.0)) / rows)
+    n = jnp.maximum(data.n, 1).astype(at_mean.dtype)
+    em = float(jnp.sum(jnp.where(valid, at_mean / n, 0.0)) / used)
+    ea = float(jnp.sum(jnp.where(valid, averaged / n, 0.0)) / used)
     pick = "mean" if em > ea else "average"
     return {"prediction": pick, "elpd_mean": em, "elpd_average": ea, "clients": used}
 
