@@ -18,7 +18,7 @@ from conftest import linreg_federation, linreg_model
 WORKER = r"""
 import os, sys, json, tempfile
 pid, port, tests, names = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(",")
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 import jax
 jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 sys.path.insert(0, tests)
@@ -75,7 +75,9 @@ def _free_port() -> int:
 def run_two_processes(names, timeout=280):
     """Both processes' JSON outputs; both are killed when one fails or the time runs out."""
     tests, port = str(Path(__file__).parent), str(_free_port())
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    # the suite's XLA options (tests/conftest.py: compile at level 0) kept, two host devices added
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), port, tests, ",".join(names)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i in range(2)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 SCRIPT = r"""
 import os, sys, json
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 import jax, numpy as np, fedprob as fp
 sys.path.insert(0, sys.argv[1])
 from conftest import linreg_model
@@ -37,7 +37,9 @@ print(json.dumps(out))
 
 def test_sharded_engine_matches_one_device():
     tests = str(Path(__file__).parent)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    # the suite's XLA options (tests/conftest.py: compile at level 0) kept, four host devices added
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+    env = dict(os.environ, XLA_FLAGS=flags)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, tests], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
