@@ -314,12 +314,13 @@ def ggn_likelihood(potential, z, X, y, weights, diagonal: bool = False, chunk_si
         def row_nll(e_row, y_row):
             return -jnp.sum(build(e_row[None]).log_prob(y_row[None]))
 
-        H = jax.vmap(jax.hessian(row_nll))(eta, yb)                        # (c, M, M)
+        samples = fisher_sample_count(m, d, fisher_samples) if diagonal and d > m and key is not None else 0
+        if samples == 0:
+            H = jax.vmap(jax.hessian(row_nll))(eta, yb)                    # (c, M, M)
         if diagonal and d > m:
             # diag(J' H J) = sum_a (J' l_a)^2 over cotangents l_a: the columns of a square root of H
             # (exact, M of them) or sampled scores (Monte Carlo Fisher, S of them); each is one
             # reverse pass per row, and no (c, M, d) Jacobian is formed
-            samples = fisher_sample_count(m, d, fisher_samples) if key is not None else 0
             if samples > 0:
                 ys = build(eta).sample(jax.random.fold_in(key, index), (samples,))           # (S, c, ...)
                 cot = jax.vmap(jax.vmap(jax.grad(row_nll)), in_axes=(None, 0))(eta, ys)   # (S, c, M)

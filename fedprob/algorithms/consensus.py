@@ -90,7 +90,7 @@ class ConsensusMC(GaussianProductAlgorithm):
             g, cov, fallback = fitted_gaussian(draws, fit, diag, self.jitter, "ConsensusMC")
             ess = draws_ess(draws)
             if fit is not None:
-                draws = match_moments(draws, g, diag, fit[3] if len(fit) > 3 else None)
+                draws = match_moments(draws, g, diag, fit[3])
         else:                       # exact Gaussian output: its own iid draws
             g = result_gaussian(post, diag, self.jitter)
             cov = g.variance() if diag else g.covariance()
@@ -100,7 +100,7 @@ class ConsensusMC(GaussianProductAlgorithm):
                 fallback = (~ok).astype(draws.dtype)
                 g = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), st, g)
                 cov = g.variance() if diag else g.covariance()
-                draws = match_moments(draws, g, diag, fit[3] if len(fit) > 3 else None)
+                draws = match_moments(draws, g, diag, fit[3])
         W = g.precision
         weighted = W * draws if diag else draws @ W
         return {"weight": W, "weighted_draws": weighted, "stein_fallbacks": fallback, **mc_message(W, cov, ess)}
