@@ -52,6 +52,31 @@ def test_auto_scores_are_the_exact_leave_one_client_out_predictives(x64):
     assert choice["clients"] == 5
 
 
+def test_cavities_that_predict_worse_than_the_prior_mean_do_not_vote(x64):
+    """Two clients with opposite weights (y = X w and y = -X w): each cavity is the other client's exact
+    posterior, and its mean predicts the held-out client's rows worse than the prior mean (w = 0) does.
+    Under such cavities the softer predictive wins whatever q_g is (the oracle's own average beats its
+    plug-in here), so the clients' scores are no evidence for the average: auto predicts at the mean
+    and says why. The three scores are the closed forms."""
+    rng = np.random.default_rng(3)
+    w = np.array([0.2, -0.2, 0.1])
+    Xs = [rng.normal(size=(12, 3)) for _ in range(2)]
+    ys = [s * X @ w + SIGMA * rng.normal(size=12) for s, X in zip((1.0, -1.0), Xs)]
+    fed = fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = fp.run(PVI(family="full", damping=1.0), linreg_model(PRIOR, SIGMA), fed, rounds=1, seed=0,
+                     progress=False)
+    c = res.posterior.info["prediction_choice"]
+    at_mean, averaged = loo_client_scores(Xs, ys)
+    at_prior = np.mean([np.mean(-0.5 * np.log(2 * np.pi * SIGMA ** 2) - y ** 2 / (2 * SIGMA ** 2)) for y in ys])
+    np.testing.assert_allclose([c["elpd_mean"], c["elpd_prior"]], [at_mean, at_prior], rtol=1e-6)
+    np.testing.assert_allclose(c["elpd_average"], averaged, rtol=0.1)     # 64 draws: log-mean-exp biased low
+    assert at_mean < at_prior and averaged > at_mean          # the oracle: uninformative folds favour the average
+    assert c["prediction"] == "mean" and res.posterior.prediction == "mean" and "prior mean" in c["reason"], c
+    np.testing.assert_allclose(np.mean(c["per_client"]["mean"]), at_mean, rtol=1e-6)
+
+
 def test_auto_picks_the_mean_when_the_gaussian_is_far_wider_than_the_posterior(x64):
     """BayesADMM at tau = 200 under a flat prior (sd 1,000) is the posterior of a likelihood tempered
     200-fold: the same mean, 14 times the sds, so its average predicts the clients' rows worse than

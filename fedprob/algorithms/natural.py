@@ -535,7 +535,8 @@ class NaturalLoop(Algorithm):
             return posterior
         from .prediction_choice import choose
 
-        choice = choose(ctx.potential, server_state.lam, client_states, data, jax.random.PRNGKey(7))
+        choice = choose(ctx.potential, server_state.lam, client_states, data, jax.random.PRNGKey(7),
+                        prior=server_state.prior)
         posterior.prediction = choice["prediction"]
         posterior.info["prediction_choice"] = choice
         posterior.info["prediction"] = choice["prediction"]
