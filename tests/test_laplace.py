@@ -198,6 +198,40 @@ def test_minibatch_map_full_batch_curvature(linreg_data, exact):
     np.testing.assert_allclose(res.posterior.precision, P, rtol=1e-4)
 
 
+def test_unset_map_search_follows_the_client_size(monkeypatch):
+    """Unset, the search is full-batch L-BFGS up to FULL_BATCH_MAX_WORK row-parameters and minibatch
+    Adam beyond (any setting given is kept); on a conjugate regression of 600 rows pushed past the
+    threshold the minibatch search runs its fixed 200 steps and lands within 0.3 sd of the exact
+    mode, and the curvature (all rows) is the exact precision."""
+    from fedprob.inference import laplace as lap_mod
+    from fedprob.inference.laplace import AUTO_BATCH_SIZE, FULL_BATCH_MAX_WORK, map_search_settings
+
+    tx, lr, bs = map_search_settings(None, None, None, 2555, 178_110)
+    assert isinstance(tx, optax.GradientTransformation) and lr is None and bs == AUTO_BATCH_SIZE
+    assert map_search_settings(None, None, None, 6000, 7850) == (None, None, None)     # MNIST softmax
+    assert map_search_settings(None, None, None, 100, FULL_BATCH_MAX_WORK) == (None, None, None)  # <= a batch
+    assert map_search_settings(None, 0.1, None, 2555, 178_110) == (None, 0.1, None)
+    assert map_search_settings("lbfgs", None, None, 2555, 178_110) == ("lbfgs", None, None)
+
+    rng = np.random.default_rng(5)
+    n, w = 600, np.array([0.08, -0.05, 0.03])
+    X = rng.normal(size=(n, D))
+    y = X @ w + SIGMA * rng.normal(size=n)
+    mean, cov = linreg_exact_posterior([X], [y], SIGMA, PRIOR)
+    pot = Potential(linreg, X, y)
+    data = ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(n))
+    run = lambda: jax.jit(lambda k, t, z: Laplace(hessian="ggn").run(k, pot, t, z))(
+        jax.random.PRNGKey(0), make_target(data, D), jnp.zeros(D))
+    full = run()
+    monkeypatch.setattr(lap_mod, "FULL_BATCH_MAX_WORK", 100)
+    mini = run()
+    assert int(full.diagnostics["num_steps"]) < 200 and int(mini.diagnostics["num_steps"]) == 200
+    sd = np.sqrt(np.diag(cov))
+    assert np.all(np.abs(np.asarray(full.params) - mean) < 0.01 * sd)
+    assert np.all(np.abs(np.asarray(mini.params) - mean) < 0.3 * sd), (np.asarray(mini.params) - mean) / sd
+    np.testing.assert_allclose(mini.posterior.precision, np.linalg.inv(cov), rtol=1e-4)
+
+
 CURV = jax.jit(curvature, static_argnums=(0, 3))
 
 

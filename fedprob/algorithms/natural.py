@@ -151,6 +151,14 @@ MAX_DEFAULT_ROUNDS = 100
 AUTO_DAMPING_FLOOR = 1.0 - 0.01 ** (1.0 / MAX_DEFAULT_ROUNDS)
 
 
+def _server_mix_errors(step: float, alpha: float, rounds: int):
+    """``(t, u_t, e_t)`` for ``t = 1..rounds``: :func:`_server_mix_rounds`'s recursion."""
+    u, e = 1.0, -1.0
+    for t in range(1, rounds + 1):
+        u, e = (1.0 - step) * u, (1.0 - alpha) * e + alpha * step * u
+        yield t, u, e
+
+
 def _server_mix_rounds(step: float, alpha: float, visits: float) -> int:
     """Rounds until a conjugate model's server precision is within 1% of its fixed point, for the
     loop with server mix ``alpha`` and site step ``step = gamma / rho`` (exact client solves).
@@ -166,9 +174,8 @@ def _server_mix_rounds(step: float, alpha: float, visits: float) -> int:
     (``e_t`` is a sum of two geometric terms and may cross zero). A client in ``1 / visits`` of the
     rounds moves its site that much less often: the count is scaled by ``visits``.
     """
-    u, e, last = 1.0, -1.0, 0
-    for t in range(1, 100 * MAX_DEFAULT_ROUNDS + 1):
-        u, e = (1.0 - step) * u, (1.0 - alpha) * e + alpha * step * u
+    last = 0
+    for t, u, e in _server_mix_errors(step, alpha, 100 * MAX_DEFAULT_ROUNDS):
         if abs(e) >= 0.01:
             last = t
         elif abs(u) < 1e-4:
@@ -179,10 +186,19 @@ def _server_mix_rounds(step: float, alpha: float, visits: float) -> int:
 def _server_mix_reached(step: float, alpha: float, rounds: float) -> float:
     """The fraction of the curvature the server precision holds after ``rounds`` rounds
     (:func:`_server_mix_rounds`'s recursion)."""
-    u, e = 1.0, -1.0
-    for _ in range(int(rounds)):
-        u, e = (1.0 - step) * u, (1.0 - alpha) * e + alpha * step * u
+    e = -1.0
+    for _, _, e in _server_mix_errors(step, alpha, int(rounds)):
+        pass
     return 1.0 + e
+
+
+#: the client diagnostics the loop keeps (per client, per round)
+KEPT_DIAGNOSTICS = ("grad_norm", "loss", "mean_drift", "unbounded")
+
+
+def _kept_diagnostics(res) -> dict:
+    """The entries of a client result's diagnostics named in :data:`KEPT_DIAGNOSTICS`."""
+    return {k: v for k, v in res.diagnostics.items() if k in KEPT_DIAGNOSTICS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,22 +418,24 @@ class NaturalLoop(Algorithm):
                 res = backend.run(key, ctx.potential, target, start, **extra)
                 mean = res.params if isinstance(self.backend, Laplace) else res.posterior.mean()
                 marginal, cond = loc.split_joint(res.posterior, mean, dg)
-                diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift", "unbounded")}
+                diag = _kept_diagnostics(res)
             # the solve tempers the local sites with the likelihood by 1/(rho tau); their conditional is
             # the model's tempered by 1/tau alone (the KL weight rho belongs to the global block)
             cond = cond._replace(cov=cond.cov / self.rho_value(ctx))
             return _as_family(marginal, self.family), mean[:dg], diag, cond
         if self.family == "isotropic":
+            optimizer, learning_rate, batch_size = (
+                backend.search_settings(target, server.start.shape[-1]) if isinstance(backend, Laplace)
+                else (backend.optimizer, backend.learning_rate, backend.batch_size))
             res = minimize(ctx.potential, target, server.start, key=key, num_steps=backend.num_steps,
-                           optimizer=backend.optimizer, learning_rate=backend.learning_rate,
-                           batch_size=backend.batch_size)
+                           optimizer=optimizer, learning_rate=learning_rate, batch_size=batch_size)
             s = server.lam.precision
             mode = jnp.where(jnp.isfinite(res.loss), res.params, jnp.nan)   # failed solve: left out
             return Gaussian(s * mode, s), mode, {"grad_norm": res.grad_norm}
         extra = {} if max_steps is None else {"max_steps": max_steps}
         res = backend.run(key, ctx.potential, target, server.start, **extra)
         lam_k = _as_family(res.posterior, self.family)
-        diag = {k: v for k, v in res.diagnostics.items() if k in ("grad_norm", "loss", "mean_drift", "unbounded")}
+        diag = _kept_diagnostics(res)
         return lam_k, res.params, diag
 
     def client_update(self, ctx: Context, server_state: NaturalServer, client_state: Gaussian, data, key,
