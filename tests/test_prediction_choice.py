@@ -33,16 +33,22 @@ def loo_client_scores(Xs, ys, prior=PRIOR):
     return at_mean / len(Xs), averaged / len(Xs)
 
 
+def exact_pvi(fed):
+    """PVI with the full family and damping 1 on the conjugate regression: exact in one round, so every
+    cavity is the exact posterior without its client."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fp.run(PVI(family="full", damping=1.0), linreg_model(PRIOR, SIGMA), fed, rounds=1, seed=0,
+                      progress=False)
+
+
 def test_auto_scores_are_the_exact_leave_one_client_out_predictives(x64):
     """PVI (full family, damping 1: exact in one round) on 5 clients of 4 to 10 rows, 5 features: each cavity is
     the exact posterior without that client, so the plug-in score is the closed form to float
     precision and the averaged one (64 draws of each cavity) within its Monte Carlo error; with so
     few rows the parameter uncertainty matters and the average is chosen."""
     Xs, ys, fed = small_clients()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = fp.run(PVI(family="full", damping=1.0), linreg_model(PRIOR, SIGMA), fed, rounds=1, seed=0,
-                     progress=False)
+    res = exact_pvi(fed)
     choice = res.posterior.info["prediction_choice"]
     at_mean, averaged = loo_client_scores(Xs, ys)
     np.testing.assert_allclose(choice["elpd_mean"], at_mean, rtol=1e-6)
@@ -63,10 +69,7 @@ def test_cavities_that_predict_worse_than_the_prior_mean_do_not_vote(x64):
     Xs = [rng.normal(size=(12, 3)) for _ in range(2)]
     ys = [s * X @ w + SIGMA * rng.normal(size=12) for s, X in zip((1.0, -1.0), Xs)]
     fed = fp.data.FederatedData.from_clients(list(zip(Xs, ys)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = fp.run(PVI(family="full", damping=1.0), linreg_model(PRIOR, SIGMA), fed, rounds=1, seed=0,
-                     progress=False)
+    res = exact_pvi(fed)
     c = res.posterior.info["prediction_choice"]
     at_mean, averaged = loo_client_scores(Xs, ys)
     at_prior = np.mean([np.mean(-0.5 * np.log(2 * np.pi * SIGMA ** 2) - y ** 2 / (2 * SIGMA ** 2)) for y in ys])
