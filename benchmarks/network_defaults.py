@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -34,6 +33,9 @@ import jax
 import numpy as np
 
 import fedprob as fp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from results_io import destination, write_results  # noqa: E402
 
 ALGORITHMS = ("FedAvg", "FedPA", "PVI", "FedLapCov", "BayesADMM")
 
@@ -145,7 +147,6 @@ def fmnist_markdown(rows, meta, stops):
 
 
 def main_fmnist(a, algs):
-    sys.path.insert(0, str(Path(__file__).parent))
     from dual import find_data_root, fmnist_split
 
     root = find_data_root()
@@ -159,10 +160,7 @@ def main_fmnist(a, algs):
             "date": time.strftime("%Y-%m-%d")}
     md = fmnist_markdown(rows, meta, stops)
     print(md)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "network_defaults_fmnist.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (out / "network_defaults_fmnist.md").write_text(md)
+    write_results(destination(a.out, False), "network_defaults_fmnist", {"meta": meta, "rows": rows}, [md.rstrip("\n")])
     return rows
 
 
@@ -172,7 +170,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results; none for --quick)")
     ap.add_argument("--fmnist", action="store_true", help="the Fashion-MNIST MLP part (one split, seed 0)")
     ap.add_argument("--stops", default="10,25,50", help="--fmnist: round counts scored")
     a = ap.parse_args(argv)
@@ -191,11 +189,7 @@ def main(argv=None):
             "date": time.strftime("%Y-%m-%d")}
     md = markdown(rows, meta, seeds, rounds)
     print(md)
-    if not a.quick:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "network_defaults.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        (out / "network_defaults.md").write_text(md)
+    write_results(destination(a.out, a.quick), "network_defaults", {"meta": meta, "rows": rows}, [md.rstrip("\n")])
     return rows
 
 

@@ -196,6 +196,10 @@ def collect(algorithm: Algorithm, ctx: Context, server, clients, log: RunLog, co
     if psis.message(khat, gk) is not None:
         result.__dict__.setdefault("_warned", set()).add("khat")
         psis.warn(khat, gk, stacklevel=3)
+    note = algorithm.run_message(log.history) if log.history else None
+    if note is not None:
+        result.info["run_message"] = note
+        warnings.warn(note, RuntimeWarning, stacklevel=3)
     dist = convergence.check(algorithm, ctx, posterior, data, len(log.history), stacklevel=3)
     if dist is not None:
         result.info["mode_distance_sd"] = dist

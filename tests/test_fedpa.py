@@ -268,7 +268,8 @@ def test_fig1_many_rounds_many_draws():
 def test_burn_in_rounds_send_fedavg_of_the_mean_and_the_round_counter_switches():
     fed, model, _, _ = fig1_setup()
     algo = FedPA(client=fp.inference.IASG(step_size=0.05, num_burnin=20, steps_per_sample=5, num_samples=6,
-                                          batch_size=16), burn_in_rounds=2, shrinkage=0.5, family="diag")
+                                          batch_size=16), burn_in_rounds=2, shrinkage=0.5, family="diag",
+                 max_drift=None)     # 6 draws of 5 steps each still drift in round 4 (the drift test is below)
     r = fp.run(algo, model, fed, rounds=4, progress=False)
     rho_l = r.metric("client_rho_l")
     np.testing.assert_allclose(rho_l, [1.0, 1.0, 1 / 3.5, 1 / 3.5], rtol=1e-6)
@@ -407,3 +408,37 @@ def test_defaults_reach_the_exact_posterior_on_unequal_shifted_correlated_client
     assert np.all((ratio > 0.8) & (ratio < 1.25)), ratio
     paper = fp.run(FedPA(family="diag"), model, fed, progress=False)
     assert np.max(np.abs(np.asarray(paper.posterior.mean["w"]) - mean) / sd) > max(0.6, 2 * err.max())
+
+
+def test_drift_ratio_of_a_straight_line_and_of_independent_draws():
+    """The drift statistic's two ends: draws on a line at constant speed score exactly 6 h^2 / (h + 1)
+    (25 for 10 draws), independent draws about 1 (mean of an F(d, d (2h - 2)) over many coordinates)."""
+    t = np.arange(10.0)[:, None]
+    line = jnp.asarray(t * np.array([[0.3, -1.0, 2.0]]) + 5.0)
+    ratio, trend = dp.drift_ratio(line)
+    assert float(trend) == pytest.approx(25.0) and float(ratio) == pytest.approx(25.0, rel=1e-5)
+    rng = np.random.default_rng(0)
+    iid = jnp.asarray(rng.normal(size=(10, 20_000)) * rng.uniform(0.5, 2.0, size=20_000))
+    ratio, _ = dp.drift_ratio(iid)
+    assert 0.95 < float(ratio) < 1.05
+    assert float(dp.drift_ratio(iid[:3])[0]) == 0.0            # below 4 draws: no test
+
+
+def test_clients_whose_draws_drift_send_fedavgs_delta_and_the_run_says_so():
+    """IASG with a step far too small to reach the local mode in its window: every client's draws lie on
+    its path, so each sampling round is a burn-in round (rho_l = 1, the delta theta - mean), reported as
+    ``client_drifting`` and in a warning; ``max_drift=None`` sends the shrunk delta (rho_l = 1/2)."""
+    fed, model, _, _ = fig1_setup()
+    slow = fp.inference.IASG(step_size=1e-4, num_burnin=0, steps_per_sample=5, num_samples=10, batch_size=None)
+    with pytest.warns(RuntimeWarning, match="still drifting"):
+        r = fp.run(FedPA(client=slow, family="diag", burn_in_rounds=0), model, fed, rounds=2, progress=False)
+    np.testing.assert_allclose(r.metric("client_rho_l"), 1.0)
+    np.testing.assert_allclose(r.metric("client_drifting"), 1.0)
+    assert "still drifting" in r.info["run_message"]
+    assert np.all(np.asarray(r.metric("client_drift")) > 20)
+    off = fp.run(FedPA(client=slow, family="diag", burn_in_rounds=0, max_drift=None), model, fed, rounds=2,
+                 progress=False)
+    np.testing.assert_allclose(off.metric("client_rho_l"), 0.5, rtol=1e-6)
+    assert "run_message" not in off.info
+    with pytest.raises(ValueError, match="max_drift"):
+        FedPA(max_drift=0.0)

@@ -106,6 +106,11 @@ class Algorithm(CheckedKeywords):
         (:mod:`fedprob.algorithms.prediction_choice`)."""
         return posterior
 
+    def run_message(self, history) -> Optional[str]:
+        """A warning for the end of a run, read from its history (a list of per-round dicts), or None
+        (default): what a method could not do in its last round that its result should say."""
+        return None
+
     def for_model(self, potential) -> "Algorithm":
         """The configuration a run uses on this model: ``self`` (default), or a copy whose defaulted
         options follow the model (PVI's family on a model with client-local sites). Called by

@@ -48,6 +48,20 @@ standardised linear regression reaches the global mode). ``burn_in_rounds=2`` by
 from the local mode put their drift into the sample covariance, which damps
 the very direction of progress.
 
+Drifting chains. A client's draws carry its covariance only once its chain has settled; a chain
+still travelling toward its local mode (a network's, from the server point, within a few hundred
+local steps) puts its own progress into the sample covariance, and the delta then damps exactly
+that direction: on the Fashion-MNIST MLP of benchmarks/dual.py FedPA scored 44.5% after 10 rounds,
+against 70.8% with every round a burn-in round. So under ``family="diag"`` a client whose draws
+drift, whose :func:`fedprob.algorithms.fedpa_delta.drift_ratio` (how far the means of the first and
+last halves of its draws lie apart against their spread: about 1 for independent draws) exceeds
+``max_drift`` times the ratio of draws moving on a straight line (25 for 10 draws), sends a burn-in
+round's message that round (``theta - mu_k``, precision diagonal 1), reported as the client
+diagnostic ``drifting``. The paper's networks ran hundreds of FedAvg burn-in rounds for the same
+reason; here each client decides from its own draws. A run whose last round had drifting clients
+says so (a warning and ``result.info["run_message"]``): the posterior's precision there is the
+burn-in stand-in, not client moments. ``max_drift=None`` turns the check off.
+
 After the last round ``posterior`` is a diagonal Gaussian approximation:
 mean the server point, precision ``N sum_k q_k diag(Sigma_hat_k^-1)`` from the
 last round's participants (each client's mean-scale precision times ``N_k``:
@@ -131,6 +145,10 @@ class FedPAClient(NamedTuple):
     local: loc.LocalConditional
 
 
+#: Default ``max_drift``: the drift ratio allowed, as a share of a straight line's. Measured: IASG's
+#: 10 draws on the Fashion-MNIST MLP 0.9 to 1.0 of it (22 to 25 of 25) on every client but a 9-row
+#: one (0.12); NUTS's 100 draws on a settled 2-d client at most 0.08 (24 of 294).
+DRIFT_MAX = 0.5
 #: Largest number of global parameters for which ``family=None`` means ``"full"``.
 FULL_MAX_DIM = 100
 FAMILIES = ("full", "diag")
@@ -164,6 +182,8 @@ class FedPA(Algorithm, ServerOptimizer):
         weight on the target), or ``"oas"`` / ``"rblw"`` (data-driven).
     burn_in_rounds: rounds that send FedAvg's delta ``theta - mu_k`` (None: 0 under ``"full"``, 2
         under ``"diag"``).
+    max_drift: under ``"diag"``, a client's round is a burn-in round when the drift ratio of its draws
+        exceeds ``max_drift`` times that of draws on a straight line (module docstring); None: never.
     average_rounds: under ``"full"``, the m-th sampling round's server step is 1/m of the Newton
         step (and the precision a running mean): the server point is the mean of the rounds'
         products, whose Monte Carlo error falls like 1/sqrt(rounds). None: on with plain server SGD at
@@ -188,6 +208,7 @@ class FedPA(Algorithm, ServerOptimizer):
     normalize: bool = True
     family: Optional[str] = None
     average_rounds: Optional[bool] = None
+    max_drift: Optional[float] = DRIFT_MAX
 
     default_rounds = 10
 
@@ -204,6 +225,8 @@ class FedPA(Algorithm, ServerOptimizer):
             raise ValueError(f"covariance_scale must be 'n' or a positive number, got {self.covariance_scale!r}")
         if self.family not in (None,) + FAMILIES:
             raise ValueError(f"FedPA: family must be one of {FAMILIES} or None, got {self.family!r}")
+        if self.max_drift is not None and not self.max_drift > 0:
+            raise ValueError(f"max_drift must be a positive number or None, got {self.max_drift!r}")
         if self.burn_in_rounds is not None and int(self.burn_in_rounds) < 0:
             raise ValueError(f"burn_in_rounds must be >= 0, got {self.burn_in_rounds}")
         self.check_server_options()
@@ -301,12 +324,16 @@ class FedPA(Algorithm, ServerOptimizer):
             diag["rho_l"] = weight
             diag["delta_norm"] = jnp.linalg.norm(d)
             return client_state, (d, prec), diag
-        rho = jnp.where(sampling, self._rho(draws, scale), 0.0)
+        drift, trend = dp.drift_ratio(draws)
+        drifting = (drift > self.max_drift * trend) if self.max_drift is not None else jnp.zeros((), bool)
+        rho = jnp.where(sampling & ~drifting, self._rho(draws, scale), 0.0)
         rho_l = 1.0 / (1.0 + (draws.shape[0] - 1) * rho)
         d = dp.delta(draws, theta, rho, scale)
         if self.normalize:
             d = rho_l * d
         prec = dp.precision_diagonal(draws, rho, scale)
+        diag["drift"] = drift
+        diag["drifting"] = (sampling & drifting).astype(theta.dtype)
         diag["rho_l"] = rho_l
         diag["delta_norm"] = jnp.linalg.norm(d)
         return client_state, (d, prec), diag
@@ -325,6 +352,17 @@ class FedPA(Algorithm, ServerOptimizer):
                 prec = server_state.precision + (prec - server_state.precision) / m
         params, opt_state = self.server_step(server_state.params, server_state.opt_state, step)
         return FedPAState(params, opt_state, server_state.round + 1, prec)
+
+    def run_message(self, history):
+        """The warning when clients' draws still drifted in the last round (module docstring)."""
+        share = history[-1].get("client_drifting", 0.0)
+        if not share > 0:
+            return None
+        return (f"FedPA: in the last round {100 * share:.0f}% of the participating clients' draws were still "
+                f"drifting (drift ratio {history[-1].get('client_drift', float('nan')):.3g} on average, "
+                f"above {self.max_drift:g} times that of draws on a straight line): they sent FedAvg's delta "
+                "and no covariance, so the posterior's sds are partly the burn-in stand-in (1 / sqrt(N)), not "
+                "the clients' posterior moments. Longer client chains (e.g. client=IASG(num_burnin=...)) or more rounds let them settle")
 
     def averages_rounds(self) -> bool:
         """Whether the full family averages its sampling rounds (``average_rounds``; None: with plain
