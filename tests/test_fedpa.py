@@ -431,7 +431,8 @@ def test_clients_whose_draws_drift_send_fedavgs_delta_and_the_run_says_so():
     fed, model, _, _ = fig1_setup()
     slow = fp.inference.IASG(step_size=1e-4, num_burnin=0, steps_per_sample=5, num_samples=10, batch_size=None)
     with pytest.warns(RuntimeWarning, match="still drifting"):
-        r = fp.run(FedPA(client=slow, family="diag", burn_in_rounds=0), model, fed, rounds=2, progress=False)
+        r = fp.run(FedPA(client=slow, family="diag", burn_in_rounds=0, max_drift=0.5), model, fed, rounds=2,
+                   progress=False)
     np.testing.assert_allclose(r.metric("client_rho_l"), 1.0)
     np.testing.assert_allclose(r.metric("client_drifting"), 1.0)
     assert "still drifting" in r.info["run_message"]

@@ -178,12 +178,6 @@ def precision_diagonal(samples, shrinkage, scale=1.0) -> Array:
     return jnp.maximum(1.0 - jnp.ones((l,), samples.dtype) @ frac, 1e-6) / rho_l
 
 
-__all__ = ["DeltaState", "delta_init", "delta_update", "delta_value", "delta", "dense_delta",
-           "oas_rho", "rblw_rho", "rho_from_weight", "precision_diagonal"]
-
-
-
-
 def drift_ratio(samples):
     """``(ratio, trend)``: ``ratio = ||m_2 - m_1||^2 / ((2 / h) tr S_w)``, how far the means of the first
     and last ``h = l // 2`` draws lie apart against what the draws' own spread allows (``S_w`` the
@@ -191,7 +185,7 @@ def drift_ratio(samples):
     ratio of draws on a straight line at constant speed (no spread about it). Independent draws of
     one distribution score about 1 (F-distributed), a settled but autocorrelated chain a few times
     that, a chain still travelling toward its mode close to ``trend``. ``(0, inf)`` below 4 draws (no
-    test); collapsed draws whose halves differ score ``inf``."""
+    test); collapsed draws whose halves differ score far above any limit."""
     l = samples.shape[0]
     h = l // 2
     if h < 2:
@@ -202,3 +196,7 @@ def drift_ratio(samples):
     gap = jnp.sum(jnp.square(m2 - m1))
     ratio = jnp.where(gap > 0, gap / jnp.maximum(within * 2.0 / h, jnp.finfo(samples.dtype).tiny), 0.0)
     return ratio.astype(samples.dtype), jnp.asarray(6.0 * h * h / (h + 1), samples.dtype)
+
+
+__all__ = ["DeltaState", "delta_init", "delta_update", "delta_value", "delta", "dense_delta",
+           "oas_rho", "rblw_rho", "rho_from_weight", "precision_diagonal", "drift_ratio"]
