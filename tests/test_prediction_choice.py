@@ -8,6 +8,7 @@ from conftest import linreg_exact_posterior, linreg_model
 
 import fedprob as fp
 from fedprob.algorithms import PVI, BayesADMM
+from fedprob.engine import local
 
 SIGMA, PRIOR = 0.5, 1.0
 
@@ -91,8 +92,12 @@ def test_auto_picks_the_mean_when_the_gaussian_is_far_wider_than_the_posterior(x
         warnings.simplefilter("ignore")
         hot = fp.run(BayesADMM(tau=200.0, family="full"), model, fed, rounds=20, seed=0, progress=False)
         cold = fp.run(BayesADMM(family="full"), model, fed, rounds=20, seed=0, progress=False)
+        compiled = dict(local.COMPILE_COUNT)
         fixed = fp.run(BayesADMM(tau=200.0, family="full", prediction="average"), model, fed, rounds=20,
                        seed=0, progress=False)
+    # prediction shapes the posterior alone: the run with it fixed reuses hot's compiled init and round
+    assert dict(local.COMPILE_COUNT) == compiled
+    np.testing.assert_array_equal(np.asarray(fixed.server_state.lam.linear), np.asarray(hot.server_state.lam.linear))
     c = hot.posterior.info["prediction_choice"]
     assert c["prediction"] == "mean" and hot.posterior.prediction == "mean", c
     assert c["elpd_mean"] > c["elpd_average"] + 0.1, c

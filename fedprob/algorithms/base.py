@@ -71,6 +71,19 @@ class Algorithm(CheckedKeywords):
     #: True where the result is a point meant to be the global posterior mode (fedprob.convergence)
     reports_mode: bool = False
 
+    #: dataclass fields that shape only the posterior built after the last round, never a round: runs of
+    #: algorithms that differ only in them share compiled rounds (:meth:`round_key`)
+    posterior_only: tuple = ()
+
+    def round_key(self):
+        """What compiled rounds and inits are cached under (fedprob.engine.local): the algorithm itself, or,
+        with :attr:`posterior_only` fields, its type and every other field, so that e.g.
+        ``PVI(prediction="mean")`` after ``PVI()`` on the same data compiles nothing."""
+        if not self.posterior_only:
+            return self
+        return (type(self),) + tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self)
+                                     if f.name not in self.posterior_only)
+
     def rounds_for(self, num_clients: int, client_sizes, clients_per_round: int) -> int:
         """Rounds ``fp.run`` takes when none are given: :attr:`default_rounds`."""
         return int(self.default_rounds)

@@ -236,6 +236,7 @@ class NaturalLoop(Algorithm):
     delta: Optional[float] = None
     tau: float = 1.0
     prediction: str = "average"
+    posterior_only = ("prediction",)          # read by posterior() alone (Algorithm.round_key)
     num_predictive_draws: int = 32
     init_strategy: str = "center"
     gamma: Any = alias_field()
@@ -588,6 +589,8 @@ class Configured(Algorithm):
 
     default_rounds = 10
     refresh_is_a_round = True
+    #: what ``posterior()`` predicts with by default: no round reads it
+    posterior_only = ("prediction",)
 
     def loop(self) -> NaturalLoop:  # pragma: no cover - abstract
         raise NotImplementedError

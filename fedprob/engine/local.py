@@ -260,7 +260,7 @@ def _signature(tree) -> tuple:
 
 
 def _context_key(algorithm, ctx, data) -> tuple:
-    return (algorithm, ctx.potential, ctx.num_clients, np.asarray(ctx.client_sizes).tobytes(),
+    return (algorithm.round_key(), ctx.potential, ctx.num_clients, np.asarray(ctx.client_sizes).tobytes(),
             _signature(data))
 
 
