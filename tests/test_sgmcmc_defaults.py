@@ -144,6 +144,33 @@ def test_ess_target_lengthens_the_run():
     assert np.all(on["ess"] > 2 * off["ess"]), (off["ess"], on["ess"])
 
 
+def test_a_stretched_cycle_reports_progress_through_its_exploration(monkeypatch):
+    """Cyclical SGHMC stretched by the ESS target: the progress reports come at most every
+    ``every * stretch`` steps through each cycle (or one draw's block), its noise-free exploration included (one
+    report at the cycle's first draw left a default-length chain stretched 10 times on 105 MNIST
+    clients silent for five minutes), their total is the stretched length, and there are about
+    as many as for an unstretched chain (no report per step)."""
+    from fedprob import progress
+    from fedprob.inference.sgmcmc.chain import num_reports
+    seen = []
+    monkeypatch.setattr(progress, "_sink",
+                        lambda done, total: seen.append((float(np.max(done)), float(np.max(total)))))
+    burnin, cycles, C = 100, 2, 200
+    backend = CyclicalSGHMC(num_burnin=burnin, num_cycles=cycles, cycle_length=C, samples_per_cycle=5,
+                            precondition=None, max_stretch=4)
+    _, diag = run_federation(backend, shifted_clients(2, K=1, n=1000), seed=2, chains=1)
+    k = int(np.max(diag["stretch"]))
+    assert k > 1, diag["stretch"]
+    done = np.sort([d for d, _ in seen])
+    assert seen[-1][1] == burnin + cycles * C * k
+    assert done[-1] == burnin + cycles * C * k
+    every = (burnin + cycles * C) // num_reports(burnin + cycles * C)
+    gaps = np.diff(np.concatenate([[burnin], done[done >= burnin]]))
+    longest_draw_block = max(backend.schedule().gaps)       # one draw's block is not cut
+    assert gaps.max() <= max(every, longest_draw_block) * k, (gaps, every, k)
+    assert len(seen) <= 3 * num_reports(burnin + cycles * C), len(seen)
+
+
 # -- IASG: what its docstring promises at defaults ---------------------------------------------
 
 def test_iasg_defaults_full_batch_sit_at_the_mode():

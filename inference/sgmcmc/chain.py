@@ -195,8 +195,9 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     # -- sampling phase ---------------------------------------------------------------------
     info_names = None
 
-    def run_steps(s, m, key, j0, n):
-        """``n`` steps from within-period index ``j0``; returns state, sums, positions' sum, ok.
+    def run_steps(s, m, key, j0, n, i0=0):
+        """``n`` steps from within-period index ``j0`` (step ``i`` of the block draws with
+        ``fold_in(key, i0 + i)``); returns state, sums, positions' sum, ok.
 
         Only the block's last step computes the kernel's info (the others' is dead code XLA
         removes): NaN/inf propagate through the state, so a failure anywhere in the block
@@ -205,7 +206,7 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
         def one(i, s):
             f, noisy = schedule.factor(j0 + i, k)
             step = (jnp.minimum(eps * f, jnp.where(noisy, cap, EXPLORATION_LOOSENESS * cap)) * m).astype(dtype)
-            return sample_kernel(jax.random.fold_in(key, i), s, step, noisy), noisy, step
+            return sample_kernel(jax.random.fold_in(key, i0 + i), s, step, noisy), noisy, step
 
         def body(i, c):
             s, psum = c
@@ -221,9 +222,13 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
         ok = info["finite"] & jnp.all(jnp.isfinite(position(s)))
         return s, acc | {"weight": w}, psum, ok, last_step
 
-    def block(carry, key, j0, n):
+    def block(carry, key, j0, n, i0=0, tally=True):
+        """One block of ``n`` steps (rolled back as a whole on NaN/inf); ``tally=False``: its last
+        step's info is left out of the means."""
         s, m, r, acc, fin = carry
-        s_new, a, psum, ok, last_step = run_steps(s, m, key, j0, n)
+        s_new, a, psum, ok, last_step = run_steps(s, m, key, j0, n, i0)
+        if tally is not True:
+            a = jax.tree_util.tree_map(lambda v: jnp.where(tally, v, jnp.zeros_like(v)), a)
         if adaptive:
             s_new = tree_select(ok, s_new, reset(s))
             r = r + (~ok).astype(jnp.int32)
@@ -239,13 +244,35 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
             draw = position(s_new)
         return (s_new, m_next, r, acc, fin), (draw, last_step)
 
-    b_every = max(1, (every * schedule.draws) // max(schedule.period, 1))
+    # reports: the draw blocks at about one per ``every`` steps of their own span; the steps before
+    # a period's first draw (a cycle's exploration and equilibration, stretched ``k`` times) in
+    # ``pre_parts`` parts with a report after each, so that a stretched cycle is not silent. The
+    # parts are one block cut at report points: the same per-step keys (``fold_in(k_pre, i)``
+    # over the whole pre-phase) and steps; only a NaN/inf rolls back to the part's start.
+    span = schedule.period - schedule.pre
+    b_every = max(1, (every * schedule.draws) // max(span, 1))
+    pre_parts = max(1, min(schedule.pre, -(-schedule.pre // every)))
+
+    def pre_phase(carry, k_pre, p):
+        if pre_parts == 1:
+            carry, _ = block(carry, k_pre, 0, schedule.pre * k)
+            return carry
+        total_pre = schedule.pre * k
+
+        def part(c, r):
+            a = (r * total_pre) // pre_parts
+            b = ((r + 1) * total_pre) // pre_parts
+            c, _ = block(c, k_pre, a, b - a, i0=a, tally=r == pre_parts - 1)
+            report_if(True, num_burnin + p * schedule.period * k + b, k)
+            return c, None
+
+        return jax.lax.scan(part, carry, jnp.arange(pre_parts, dtype=jnp.int32))[0]
 
     def period(carry, xs):
         key, p = xs
         k_pre, k_blocks = jax.random.split(key)
         if schedule.pre:
-            carry, _ = block(carry, k_pre, 0, schedule.pre * k)
+            carry = pre_phase(carry, k_pre, p)
 
         def one(c, xs):
             kb, j0, n, i = xs
