@@ -219,3 +219,16 @@ def test_network_curvature_benchmark_quick():
     rows = {(r["method"], r["engine"]): r for r in out["federation"]["rows"]}
     assert set(m for m, _ in rows) == {"FedAvg", "FedLapCov(fisher_samples=1)"}
     assert all(positive_finite(r["round_s"]) and 0 <= r["accuracy_at_mean"] <= 1 for r in rows.values())
+
+
+def test_one_round_clients_benchmark_quick():
+    """benchmarks/one_round_clients.py --quick: PredictiveBayes(CyclicalSGHMC) over 10 digits clients, the
+    client phase beside the vmapped gradient + noise floor of the same steps, the evaluation beside the
+    predictive's flops."""
+    bench = load_script("one_round_clients")
+    (row,) = bench.main(["--quick"])["rows"]
+    assert row["setting"] == "no stretch" and row["stretch"] == 1 and row["steps"] == 300, row
+    for k in ("run_s", "client_phase_s", "floor_s", "phase_over_floor", "evaluate_s", "predictive_floor_s"):
+        assert positive_finite(row[k]), (k, row)
+    assert row["phase_over_floor"] < 10, row        # the chains cost about their gradient + noise steps
+    assert row["accuracy"] > 0.6, row
