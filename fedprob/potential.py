@@ -54,6 +54,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.scipy.special import logsumexp
 import numpyro.distributions as dist
 from numpyro import handlers
 from numpyro.distributions import constraints
@@ -776,6 +777,13 @@ class Potential:
         """
         fn = self.predictive_distribution(z, X)
         if self.task == "classification":
+            # a categorical's log-probabilities at every class are its normalised logits (what its
+            # log_prob gathers from, bit for bit); scoring the enumerated classes would broadcast them
+            # C times and gather (twice the cost of the rest of a softmax model's prediction)
+            if type(fn) is dist.CategoricalLogits:
+                return fn.logits - logsumexp(fn.logits, axis=-1, keepdims=True)
+            if type(fn) is dist.CategoricalProbs:
+                return fn.logits
             vals = fn.enumerate_support(expand=False)
             lp = fn.log_prob(vals)            # (C, n)
             return jnp.moveaxis(lp, 0, -1)

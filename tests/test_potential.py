@@ -302,6 +302,31 @@ def test_predict_classification_probabilities():
     np.testing.assert_allclose(jnp.exp(lp2[:, 1]), jax.nn.sigmoid(X @ p2["w"] + p2["b"]), rtol=1e-5)
 
 
+@pytest.mark.parametrize("param", ["logits", "probs"])
+def test_categorical_predict_is_log_prob_at_every_class_bit_for_bit(param):
+    """A categorical's class log-probabilities are read off its normalised logits instead of scoring
+    the enumerated classes (a C-fold broadcast and gather): the same numbers, bit for bit."""
+    X, y = class_data()
+
+    def model(X, y=None):
+        W = numpyro.sample("W", dist.Normal(0.0, 3.0).expand([X.shape[1], 3]).to_event(2))
+        with numpyro.plate("data", X.shape[0]):
+            f = X @ W
+            kw = {"logits": f} if param == "logits" else {"probs": jax.nn.softmax(f, -1)}
+            numpyro.sample("y", dist.Categorical(**kw), obs=y)
+
+    pot = Potential(model, X, y)
+    z = random_z(pot, 4, 2.0)
+    X = jnp.asarray(X)
+    fn = pot.predictive_distribution(z, X)
+    assert type(fn).__name__ == ("CategoricalLogits" if param == "logits" else "CategoricalProbs")
+    enumerated = jnp.moveaxis(fn.log_prob(fn.enumerate_support(expand=False)), 0, -1)
+    np.testing.assert_array_equal(np.asarray(pot.predict(z, X)), np.asarray(enumerated))
+    np.testing.assert_array_equal(np.asarray(jax.jit(pot.predict)(z, X)),
+                                  np.asarray(jax.jit(lambda z: jnp.moveaxis(
+                                      pot.predictive_distribution(z, X).log_prob(jnp.arange(3)[:, None]), 0, -1))(z)))
+
+
 def test_predict_regression_mean_and_variance():
     X, _ = regression_data()
     X = jnp.asarray(X)
