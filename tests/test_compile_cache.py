@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from fedprob import compile_cache
@@ -61,3 +62,25 @@ def test_cli_opt_out_leaves_the_cache_alone(monkeypatch, tmp_path, restore_cache
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "cli"))
     assert main(["run", str(tmp_path / "missing.toml")]) == 2
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cli")
+
+
+@pytest.mark.xla_optimized
+def test_a_runtime_bound_test_compiles_at_the_usual_optimisation_level():
+    """The tests' XLA flags compile at backend optimisation level 0; a test marked ``xla_optimized``
+    (tests/conftest.py) passes level 2 with every compile, and an option a program sets itself wins."""
+    from jax._src import compiler
+    if "--xla_backend_optimization_level=0" not in os.environ.get("XLA_FLAGS", ""):
+        pytest.skip("the tests' XLA flags are off (FEDPROB_TEST_XLA_O0=0 or XLA_FLAGS set)")
+    opts = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    assert ("xla_backend_optimization_level", 2) in list(opts.env_option_overrides)
+    own = compiler.get_compile_options(num_replicas=1, num_partitions=1,
+                                       env_options_overrides={"xla_backend_optimization_level": 1})
+    assert ("xla_backend_optimization_level", 1) in list(own.env_option_overrides)
+    f = jax.jit(lambda v: jnp.cumsum(jnp.sin(v) * 3.25) - 1.5)
+    assert float(f(jnp.arange(7.0))[0]) == pytest.approx(-1.5)
+
+
+def test_an_unmarked_test_keeps_the_fast_compile_flags():
+    from jax._src import compiler
+    opts = compiler.get_compile_options(num_replicas=1, num_partitions=1)
+    assert all(k != "xla_backend_optimization_level" for k, _ in opts.env_option_overrides)

@@ -24,6 +24,7 @@ from fedprob.protocols import run_chains
 from test_local_sites import exact_joint, federation, normal_normal
 
 
+@pytest.mark.xla_optimized     # runtime-bound (conftest.py)
 def test_ep_with_nuts_is_exact_on_the_normal_normal_hierarchy_at_defaults():
     """8 clients of 3 to 40 rows, 35 rounds (as PVI: ceil(log 0.01 / log(1 - 1/8))). Every client's
     h = p(a_k | mu) p(D_k | mu, a_k) is Gaussian, so the Stein moments carry no Monte Carlo error:
@@ -109,6 +110,7 @@ def poisson_quadrature(clients):
     return np.array(out)
 
 
+@pytest.mark.xla_optimized     # runtime-bound (conftest.py)
 def test_ep_with_nuts_matches_a_poisson_hierarchy_by_quadrature():
     """Non-conjugate: log-normal Poisson counts with a client-local log rate, 6 clients of 2 to 8 rows.
     EP's answer against quadrature of the exact posterior: the global mean within 0.05 sd and its sd

@@ -170,6 +170,7 @@ def test_clients_are_named_only_when_the_global_check_fails_or_is_missing():
     assert "inf" in psis.message(None, float("inf"))            # no draw where the target lives
 
 
+@pytest.mark.xla_optimized     # runtime-bound (conftest.py)
 def test_ep_on_a_poisson_factor_likelihood_does_not_warn():
     """Before the practically-equal rule: global k-hat 0.98 and clients 0.69-1.01 with every ratio
     within a factor of 1.25 of the median; EP's Gaussian is within 0.04 sd and 0.95-1.01 of pooled
@@ -184,6 +185,7 @@ def test_ep_on_a_poisson_factor_likelihood_does_not_warn():
     assert r.global_khat <= 0.7 and np.all(r.client_khat[np.isfinite(r.client_khat)] <= 0.7)
 
 
+@pytest.mark.xla_optimized     # runtime-bound (conftest.py)
 def test_ep_on_a_zero_inflated_poisson_does_not_warn():
     """EP's Gaussian matches pooled NUTS's unconstrained covariance within 2% here, yet the fitted tail
     of its importance ratios gave k-hat 0.82-1.03: the largest of 2,000 ratios is 2.1-2.4 times the
