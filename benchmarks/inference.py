@@ -57,13 +57,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from floor import FLOOR, GRADIENT, floor_scans  # noqa: E402  (benchmarks/ is not a package)
 
 
-def interleaved_times(fns: dict, repeats: int) -> tuple:
+def interleaved_times(fns: dict, repeats: int, warmup: bool = True) -> tuple:
     """({name: median seconds}, {name: best seconds}, {name: last result}) of each ``fn()``.
 
-    Every function is called once first (compile and warm-up, not timed),
-    then all are called in turn for ``repeats`` rounds.
+    Every function is called once first (compile and warm-up, not timed; ``warmup=False``
+    for functions compiled ahead), then all are called in turn for ``repeats`` rounds.
     """
-    last = {name: fn() for name, fn in fns.items()}
+    last = {name: fn() for name, fn in fns.items()} if warmup else {}
     ts = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
@@ -203,10 +203,10 @@ def ess_per_second(quick: bool, repeats: int, chains: int = 4, batch: int = 32) 
 
     def timed(backends: dict) -> dict:
         fns = {}
-        for bname, backend in backends.items():
-            run = jax.jit(jax.vmap(lambda k, z, b=backend: b.run(k, pot, target, z)))
+        for bname, backend in backends.items():     # compiled ahead, so no untimed warm-up run is needed
+            run = jax.jit(jax.vmap(lambda k, z, b=backend: b.run(k, pot, target, z))).lower(keys, inits).compile()
             fns[bname] = lambda run=run: jax.block_until_ready(run(keys, inits))
-        med, _, last = interleaved_times(fns, repeats)
+        med, _, last = interleaved_times(fns, repeats, warmup=False)
         return {b: (med[b], np.asarray(last[b].posterior.draws, np.float64)) for b in backends}
 
     runs = timed({"NUTS": NUTS(num_warmup=500 // f, num_samples=1000 // f)})
