@@ -424,22 +424,60 @@ def test_drift_ratio_of_a_straight_line_and_of_independent_draws():
     assert float(dp.drift_ratio(iid[:3])[0]) == 0.0            # below 4 draws: no test
 
 
-def test_clients_whose_draws_drift_send_fedavgs_delta_and_the_run_says_so():
-    """IASG with a step far too small to reach the local mode in its window: every client's draws lie on
-    its path, so each sampling round is a burn-in round (rho_l = 1, the delta theta - mean), reported as
-    ``client_drifting`` and in a warning; ``max_drift=None`` sends the shrunk delta (rho_l = 1/2)."""
+def test_drift_spread_ratio_is_the_draws_spread_along_their_path_over_the_secant_curvature():
+    """On a quadratic mean loss ``0.5 w' A w`` the secant curvature along any direction ``u`` is exactly
+    ``u' A u``: draws on a line along ``u`` (with a small wobble across it) score ``scale * var(u . x) *
+    u' A u``; a loss that curves down along the path, and fewer than 4 draws, score 0."""
+    rng = np.random.default_rng(1)
+    d = 6
+    B = rng.normal(size=(d, d))
+    A = jnp.asarray(B @ B.T + d * np.eye(d))
+    u = rng.normal(size=d)
+    u /= np.linalg.norm(u)
+    across = rng.normal(size=(10, d)) * 1e-3
+    across -= np.outer(across @ u, u)                 # the wobble is orthogonal to the path
+    t = np.arange(10.0)
+    x = jnp.asarray(1.0 + 0.2 * t[:, None] * u[None, :] + across)
+    grad = lambda w: A @ w
+    proj = (np.asarray(x) - np.asarray(x).mean(0)) @ u
+    expected = 50.0 * np.var(proj, ddof=1) * float(u @ np.asarray(A) @ u)
+    assert float(dp.drift_spread_ratio(x, grad, 50.0)) == pytest.approx(expected, rel=1e-4)
+    assert float(dp.drift_spread_ratio(x, lambda w: -(A @ w), 50.0)) == 0.0
+    assert float(dp.drift_spread_ratio(x[:3], grad, 50.0)) == 0.0
+
+
+def test_clients_whose_draws_travel_send_fedavgs_delta_and_the_run_says_so():
+    """IASG with a step too small to reach the local mode in its window: the draws lie on the chain's
+    path (drift ratio about 25, a straight line's). At step 1e-3 the path is wider than the local
+    posterior (spread ratio above 2), so by default each sampling round is a burn-in round (rho_l = 1,
+    the delta theta - mean), reported as ``client_drifting`` and in a warning. At step 1e-4 the chain
+    moves less than the posterior's own width (spread ratio below 1): its damping costs nothing and the
+    shrunk delta is sent (rho_l = 1/2) unless ``max_drift_spread=None`` lets the drift alone decide.
+    ``max_drift=None``: never a burn-in round."""
     fed, model, _, _ = fig1_setup()
-    slow = fp.inference.IASG(step_size=1e-4, num_burnin=0, steps_per_sample=5, num_samples=10, batch_size=None)
+    iasg = lambda step: fp.inference.IASG(step_size=step, num_burnin=0, steps_per_sample=5, num_samples=10,
+                                          batch_size=None)
     with pytest.warns(RuntimeWarning, match="still drifting"):
-        r = fp.run(FedPA(client=slow, family="diag", burn_in_rounds=0, max_drift=0.5), model, fed, rounds=2,
-                   progress=False)
+        r = fp.run(FedPA(client=iasg(1e-3), family="diag", burn_in_rounds=0), model, fed, rounds=2, progress=False)
     np.testing.assert_allclose(r.metric("client_rho_l"), 1.0)
     np.testing.assert_allclose(r.metric("client_drifting"), 1.0)
     assert "still drifting" in r.info["run_message"]
     assert np.all(np.asarray(r.metric("client_drift")) > 20)
-    off = fp.run(FedPA(client=slow, family="diag", burn_in_rounds=0, max_drift=None), model, fed, rounds=2,
+    assert np.all(np.asarray(r.metric("client_drift_spread")) > 2)
+    crawl = fp.run(FedPA(client=iasg(1e-4), family="diag", burn_in_rounds=0), model, fed, rounds=2, progress=False)
+    assert np.all(np.asarray(crawl.metric("client_drift")) > 20)
+    assert np.all(np.asarray(crawl.metric("client_drift_spread")) < 1)
+    np.testing.assert_allclose(crawl.metric("client_rho_l"), 0.5, rtol=1e-6)
+    assert "run_message" not in crawl.info
+    with pytest.warns(RuntimeWarning, match="still drifting"):
+        alone = fp.run(FedPA(client=iasg(1e-4), family="diag", burn_in_rounds=0, max_drift_spread=None), model,
+                       fed, rounds=2, progress=False)
+    np.testing.assert_allclose(alone.metric("client_rho_l"), 1.0)
+    off = fp.run(FedPA(client=iasg(1e-3), family="diag", burn_in_rounds=0, max_drift=None), model, fed, rounds=2,
                  progress=False)
     np.testing.assert_allclose(off.metric("client_rho_l"), 0.5, rtol=1e-6)
     assert "run_message" not in off.info
     with pytest.raises(ValueError, match="max_drift"):
         FedPA(max_drift=0.0)
+    with pytest.raises(ValueError, match="max_drift_spread"):
+        FedPA(max_drift_spread=-1.0)

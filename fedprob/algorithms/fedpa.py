@@ -53,17 +53,28 @@ still travelling toward its local mode (a network's, from the server point, with
 local steps) puts its own progress into the sample covariance, and the delta then damps exactly
 that direction: on the Fashion-MNIST MLP of benchmarks/dual.py FedPA scored 44.5% after 10 rounds,
 against 70.8% with every round a burn-in round. So under ``family="diag"`` a client whose draws
-drift, whose :func:`fedprob.algorithms.fedpa_delta.drift_ratio` (how far the means of the first and
-last halves of its draws lie apart against their spread: about 1 for independent draws) exceeds
-``max_drift`` times the ratio of draws moving on a straight line (25 for 10 draws), sends a burn-in
-round's message that round (``theta - mu_k``, precision diagonal 1), reported as the client
-diagnostic ``drifting``. The paper's networks ran hundreds of FedAvg burn-in rounds for the same
-reason; here each client decides from its own draws. A run whose last round had drifting clients
-says so (a warning and ``result.info["run_message"]``): the posterior's precision there is the
-burn-in stand-in, not client moments. The check is off by default (``max_drift=None``): on digits
-softmax regression IASG's chains drift as much, and the damped delta serves better there (0.919
-accuracy, NLL 0.28 after 20 rounds against 0.892 / 0.370 with the check); ``max_drift=0.5``
-(:data:`DRIFT_MAX`) is what the network needs.
+travel, by two checks on its own draws, sends a burn-in round's message that round
+(``theta - mu_k``, precision diagonal 1), reported as the client diagnostic ``drifting``:
+
+1. drift: :func:`fedprob.algorithms.fedpa_delta.drift_ratio` (how far the means of the first and
+   last halves of its draws lie apart against their spread: about 1 for independent draws) exceeds
+   ``max_drift`` times the ratio of draws moving on a straight line (25 for 10 draws);
+2. spread: :func:`fedprob.algorithms.fedpa_delta.drift_spread_ratio`, the draws' variance along
+   their drift direction times ``N_k`` times the secant curvature of the client's mean loss between
+   the two half-means (two gradients on at most :data:`SPREAD_ROWS` rows), exceeds
+   ``max_drift_spread``: the chain spreads wider along its path than the local posterior does.
+
+Both are needed. IASG's chains drift on digits softmax regression as on the network (0.8-0.9 of a
+straight line's ratio), but there they creep along directions the client's rows hardly constrain
+(spread 0.04-1.1), where a wide covariance is the truth and the damped delta is FedPA's correction
+(0.919 accuracy, NLL 0.28 after 20 rounds; 0.892 / 0.370 when the drift alone decides); on the
+Fashion-MNIST MLP the large clients' chains travel downhill (spread 8 to 34 on the clients of 1,189
+and 2,555 rows), and sending their burn-in message instead lifts FedPA() from 44.5% to 68.5% after
+10 rounds. The paper's networks ran hundreds of FedAvg burn-in rounds for the same reason; here each
+client decides from its own draws. A run whose last round had drifting clients says so (a warning
+and ``result.info["run_message"]``): the posterior's precision there is the burn-in stand-in, not
+client moments. ``max_drift=None`` turns the checks off; ``max_drift_spread=None`` lets the drift
+alone decide.
 
 After the last round ``posterior`` is a diagonal Gaussian approximation:
 mean the server point, precision ``N sum_k q_k diag(Sigma_hat_k^-1)`` from the
@@ -126,7 +137,7 @@ from .. import local_sites as loc
 from ..posteriors import GlobalPosterior
 from ..potential import make_target
 from ..protocols import DRAW_STATS, ClientBackend, finite_flag
-from .. import gaussian
+from .. import gaussian, inputs
 from .base import Algorithm, Context, stack_init, weighted_mean
 from . import fedpa_delta as dp
 from .server_opt import ServerOptimizer
@@ -148,12 +159,18 @@ class FedPAClient(NamedTuple):
     local: loc.LocalConditional
 
 
-#: A ``max_drift`` that separates drifting from settled chains: IASG's 10 draws on the Fashion-MNIST MLP
-#: score 0.9 to 1.0 of a straight line's ratio (22 to 25 of 25) on every client but a 9-row one (0.12);
-#: NUTS's 100 draws on a settled 2-d client at most 0.08 (24 of 294). Not the default: IASG's chains on
-#: digits softmax regression score 0.9-1.0 too, and there the damped delta does better (0.919 / NLL 0.28
-#: after 20 rounds against 0.892 / 0.370 with the check).
+#: The default ``max_drift``: it separates drifting from settled chains. IASG's 10 draws on the
+#: Fashion-MNIST MLP score 0.9 to 1.0 of a straight line's ratio (22 to 25 of 25) on every client but a
+#: 9-row one (0.12); NUTS's 100 draws on a settled 2-d client at most 0.08 (24 of 294). IASG's chains on
+#: digits softmax regression score 0.8-0.9 too, which the spread check (:data:`SPREAD_MAX`) tells apart.
 DRIFT_MAX = 0.5
+#: The default ``max_drift_spread``: the draws' variance along their drift direction at most twice the
+#: local posterior's there (module docstring; digits softmax regression 0.04-1.1, the Fashion-MNIST
+#: MLP's large clients 8-34).
+SPREAD_MAX = 2.0
+#: The spread check's two gradients use every row of a client of up to this many (padded) rows, else a
+#: uniform draw of this many rows (the same rows for both).
+SPREAD_ROWS = 256
 #: Largest number of global parameters for which ``family=None`` means ``"full"``.
 FULL_MAX_DIM = 100
 FAMILIES = ("full", "diag")
@@ -188,8 +205,10 @@ class FedPA(Algorithm, ServerOptimizer):
     burn_in_rounds: rounds that send FedAvg's delta ``theta - mu_k`` (None: 0 under ``"full"``, 2
         under ``"diag"``).
     max_drift: under ``"diag"``, a client's round is a burn-in round when the drift ratio of its draws
-        exceeds ``max_drift`` times that of draws on a straight line (module docstring; e.g.
-        :data:`DRIFT_MAX`); None (default): never.
+        exceeds ``max_drift`` times that of draws on a straight line (default :data:`DRIFT_MAX`) and
+        their spread ratio exceeds ``max_drift_spread`` (module docstring); None: never.
+    max_drift_spread: the spread check's limit (default :data:`SPREAD_MAX`); None: the drift alone
+        decides.
     average_rounds: under ``"full"``, the m-th sampling round's server step is 1/m of the Newton
         step (and the precision a running mean): the server point is the mean of the rounds'
         products, whose Monte Carlo error falls like 1/sqrt(rounds). None: on with plain server SGD at
@@ -214,7 +233,8 @@ class FedPA(Algorithm, ServerOptimizer):
     normalize: bool = True
     family: Optional[str] = None
     average_rounds: Optional[bool] = None
-    max_drift: Optional[float] = None
+    max_drift: Optional[float] = DRIFT_MAX
+    max_drift_spread: Optional[float] = SPREAD_MAX
 
     default_rounds = 10
 
@@ -233,6 +253,8 @@ class FedPA(Algorithm, ServerOptimizer):
             raise ValueError(f"FedPA: family must be one of {FAMILIES} or None, got {self.family!r}")
         if self.max_drift is not None and not self.max_drift > 0:
             raise ValueError(f"max_drift must be a positive number or None, got {self.max_drift!r}")
+        if self.max_drift_spread is not None and not self.max_drift_spread > 0:
+            raise ValueError(f"max_drift_spread must be a positive number or None, got {self.max_drift_spread!r}")
         if self.burn_in_rounds is not None and int(self.burn_in_rounds) < 0:
             raise ValueError(f"burn_in_rounds must be >= 0, got {self.burn_in_rounds}")
         self.check_server_options()
@@ -310,6 +332,16 @@ class FedPA(Algorithm, ServerOptimizer):
         dg = theta.shape[-1]
         return draws[:, :dg], FedPAClient(loc.conditional_from_draws(draws, dg)), res
 
+    def _drift_spread(self, ctx: Context, data, res, n, key):
+        """:func:`fedprob.algorithms.fedpa_delta.drift_spread_ratio` of the client's chain (its joint draws
+        with client-local sites), the mean loss's gradient on at most :data:`SPREAD_ROWS` rows."""
+        draws = res.posterior.draws
+        draws = draws.reshape(-1, draws.shape[-1]).astype(n.dtype)
+        target = make_target(data, ctx.dim, prior_weight=1.0 / ctx.num_clients, dtype=n.dtype)
+        batch = None if inputs.num_rows(data.X) <= SPREAD_ROWS else SPREAD_ROWS
+        loss = lambda z: -ctx.potential.log_density(z, target, key, batch) / n
+        return dp.drift_spread_ratio(draws, jax.grad(loss), n)
+
     def _rho(self, draws, scale):
         if isinstance(self.shrinkage, str):
             fn = dp.oas_rho if self.shrinkage == "oas" else dp.rblw_rho
@@ -331,7 +363,13 @@ class FedPA(Algorithm, ServerOptimizer):
             diag["delta_norm"] = jnp.linalg.norm(d)
             return client_state, (d, prec), diag
         drift, trend = dp.drift_ratio(draws)
-        drifting = (drift > self.max_drift * trend) if self.max_drift is not None else jnp.zeros((), bool)
+        drifting = jnp.zeros((), bool)
+        if self.max_drift is not None:
+            drifting = drift > self.max_drift * trend
+            if self.max_drift_spread is not None:
+                spread = self._drift_spread(ctx, data, res, n, jax.random.fold_in(key, SPREAD_ROWS))
+                drifting = drifting & (spread > self.max_drift_spread)
+                diag["drift_spread"] = spread
         rho = jnp.where(sampling & ~drifting, self._rho(draws, scale), 0.0)
         rho_l = 1.0 / (1.0 + (draws.shape[0] - 1) * rho)
         d = dp.delta(draws, theta, rho, scale)
@@ -366,7 +404,8 @@ class FedPA(Algorithm, ServerOptimizer):
             return None
         return (f"FedPA: in the last round {100 * share:.0f}% of the participating clients' draws were still "
                 f"drifting (drift ratio {history[-1].get('client_drift', float('nan')):.3g} on average, "
-                f"above {self.max_drift:g} times that of draws on a straight line): they sent FedAvg's delta "
+                f"flagged above {self.max_drift:g} times that of draws on a straight line, spreading wider "
+                "along their path than the local posterior): they sent FedAvg's delta "
                 "and no covariance, so the posterior's sds are partly the burn-in stand-in (1 / sqrt(N)), not "
                 "the clients' posterior moments. Longer client chains (e.g. client=IASG(num_burnin=...)) or "
                 "more rounds let them settle")
@@ -455,4 +494,5 @@ def newton_step(mean_precision, mean_delta):
                         lambda: jnp.linalg.lstsq(P, mean_delta)[0])
 
 
-__all__ = ["FedPA", "FedPAState", "FedPAClient", "default_client", "full_client", "FULL_MAX_DIM"]
+__all__ = ["FedPA", "FedPAState", "FedPAClient", "default_client", "full_client", "FULL_MAX_DIM", "DRIFT_MAX",
+           "SPREAD_MAX", "SPREAD_ROWS"]
