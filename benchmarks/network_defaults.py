@@ -8,8 +8,8 @@ chosen one is reported with the leave-one-client-out scores behind it, and the m
 average are both scored).
 
 ``--fmnist``: the Fashion-MNIST MLP of benchmarks/dual.py (MLP (200, 100), sigmoid, 10% of the
-training rows over 10 clients, sizes Dir(1) and classes Dir(0.5), 2,000 test rows), every algorithm
-with no argument, scored after each of ``--stops`` rounds (a run resumed from its checkpoint: the
+training rows over 10 clients, sizes Dir(1) and classes Dir(0.5), 2,000 test rows; ``--splits`` the
+split seeds), every algorithm with no argument, scored after each of ``--stops`` rounds (a run resumed from its checkpoint: the
 same states as one longer run), against the BayesADMM paper's FedAvg and BayesADMM (Table 1).
 
 Usage::
@@ -17,10 +17,12 @@ Usage::
     python benchmarks/network_defaults.py            # 3 seeds; writes benchmarks/results/network_defaults.{json,md}
     python benchmarks/network_defaults.py --quick    # 1 seed, 3 rounds, FedAvg and PVI; writes nothing
     python benchmarks/network_defaults.py --fmnist --stops 10,25   # writes network_defaults_fmnist.{json,md}
+    python benchmarks/network_defaults.py --fmnist --algorithms FedAvg,FedPA --splits 0,1,2   # three splits
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -90,7 +92,7 @@ def markdown(rows, meta, seeds, rounds):
     return "\n".join(lines) + "\n"
 
 
-def run_fmnist(name, stops, fed, test, seed: int = 0):
+def run_fmnist(name, stops, fed, test, seed: int = 0, split: int = 0):
     """One algorithm with no argument on the Fashion-MNIST MLP: a row per round count in ``stops``."""
     model = fp.models.bnn_mlp((200, 100), num_classes=10, activation="sigmoid", prior_scale=1.0)
     algo, rows, spent = getattr(fp.algorithms, name)(), [], 0.0
@@ -103,7 +105,7 @@ def run_fmnist(name, stops, fed, test, seed: int = 0):
                              checkpoint=fp.Checkpoint(os.path.join(ckpt, name)))
             spent += time.perf_counter() - t0
             post = res.posterior
-            row = {"algorithm": name, "seed": seed, "rounds": r, "seconds": round(spent, 1),
+            row = {"algorithm": name, "seed": seed, "split": split, "rounds": r, "seconds": round(spent, 1),
                    "round_seconds": round(float(np.median([h["time"] for h in res.history[1:]] or [0.0])), 2),
                    "prediction": post.prediction}
             row["accuracy"], row["nll"] = score(post, test[0], test[1])
@@ -121,29 +123,48 @@ def run_fmnist(name, stops, fed, test, seed: int = 0):
 FMNIST_PAPER = {"FedAvg": {10: 70.4, 25: 74.3, 50: 76.0}, "BayesADMM": {10: 77.0, 25: 81.5, 50: 82.3}}
 
 
-def fmnist_markdown(rows, meta, stops):
+def fmnist_markdown(rows, meta, stops, splits=(0,)):
     lines = ["# Posterior methods at their defaults on the Fashion-MNIST MLP", "",
              f"{meta['machine']}; jax {meta['jax']}; {meta['date']}; 2 CPU cores", "",
              "MLP (200, 100), sigmoid, N(0, 1) prior, on 10% of the Fashion-MNIST training rows over 10 clients "
-             "(sizes Dir(1), classes Dir(0.5); benchmarks/dual.py's split, seed 0), every algorithm constructed "
-             "with no argument. Test accuracy % (NLL) on 2,000 test rows at the default prediction; the BayesADMM "
+             f"(sizes Dir(1), classes Dir(0.5); benchmarks/dual.py's split, seeds {', '.join(map(str, splits))}), "
+             "every algorithm constructed with no argument. Test accuracy % (NLL) on 2,000 test rows at the default "
+             "prediction (averaged over the splits, the range of the accuracy in braces); the BayesADMM "
              "paper's accuracy (its tuned settings) in brackets; for `prediction='auto'` the choice and the mean "
              "and average scored beside it; s / round: median wall time of a round after the first.", "",
-             "| algorithm | " + " | ".join(f"R={r}" for r in stops) + " | chosen | at the mean / averaged (last R) | "
-             "s / round |", "|---|" + "---|" * (len(stops) + 3)]
+             "| algorithm | splits | " + " | ".join(f"R={r}" for r in stops) + " | chosen | "
+             "at the mean / averaged (last R) | s / round |", "|---|---|" + "---|" * (len(stops) + 3)]
     for a in dict.fromkeys(r["algorithm"] for r in rows):
-        rs = {r["rounds"]: r for r in rows if r["algorithm"] == a}
+        by_r = {}
+        for r in rows:
+            if r["algorithm"] == a:
+                by_r.setdefault(r["rounds"], []).append(r)
+        rs = {k: v[0] for k, v in by_r.items()}
         cells = []
         for r in stops:
-            x = rs.get(r)
+            xs = by_r.get(r, [])
             paper = FMNIST_PAPER.get(a, {}).get(r)
-            cells.append("" if x is None else f"{100 * x['accuracy']:.1f} ({x['nll']:.3f})"
+            accs = [100 * x["accuracy"] for x in xs]
+            spread = f" {{{min(accs):.1f}-{max(accs):.1f}}}" if len(xs) > 1 else ""
+            cells.append("" if not xs else f"{np.mean(accs):.1f} ({np.mean([x['nll'] for x in xs]):.3f})" + spread
                          + (f" [{paper}]" if paper else ""))
         last = rs[max(rs)]
         both = (f"{100 * last['mean_accuracy']:.1f} ({last['mean_nll']:.3f}) / "
                 f"{100 * last['average_accuracy']:.1f} ({last['average_nll']:.3f})") if "choice" in last else ""
-        lines.append(f"| {a} | " + " | ".join(cells) + f" | {last['prediction']} | {both} | {last['round_seconds']:.1f} |")
+        lines.append(f"| {a} | {len(by_r[max(rs)])} | " + " | ".join(cells) + f" | {last['prediction']} | {both} | {last['round_seconds']:.1f} |")
+    notes = {r["algorithm"]: r["note"] for r in rows if r.get("note")}
+    if notes:
+        lines += [""] + [f"`{a}`: {n}." for a, n in notes.items()]
     return "\n".join(lines) + "\n"
+
+
+def kept_rows(a, dest, name: str, algs) -> list:
+    """With ``--update``: the rows of ``<dest>/<name>.json`` of the algorithms not run now (in the JSON each
+    row keeps the run it came from; the Markdown's date is this run's)."""
+    path = Path(dest) / f"{name}.json" if dest else None
+    if not (a.update and path is not None and path.exists()):
+        return []
+    return [r for r in json.loads(path.read_text())["rows"] if r["algorithm"] not in algs]
 
 
 def main_fmnist(a, algs):
@@ -153,14 +174,23 @@ def main_fmnist(a, algs):
     if root is None:
         print("no data folder (../shared/data or FEDPROB_DATA): skipping the Fashion-MNIST part")
         return []
-    fed, test = fmnist_split(root)
     stops = [int(x) for x in a.stops.split(",")]
-    rows = [row for name in algs for row in run_fmnist(name, stops, fed, test)]
+    splits = [int(x) for x in a.splits.split(",")]
+    rows = []
+    for split in splits:
+        fed, test = fmnist_split(root, seed=split)
+        rows += [row for name in algs for row in run_fmnist(name, stops, fed, test, split=split)]
     meta = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "jax": jax.__version__,
             "date": time.strftime("%Y-%m-%d")}
-    md = fmnist_markdown(rows, meta, stops)
+    dest = destination(a.out, False)
+    kept = kept_rows(a, dest, "network_defaults_fmnist", algs)
+    if kept:
+        rows = kept + rows
+        splits = sorted({r.get("split", 0) for r in rows})
+        stops = sorted({r["rounds"] for r in rows})
+    md = fmnist_markdown(rows, meta, stops, splits)
     print(md)
-    write_results(destination(a.out, False), "network_defaults_fmnist", {"meta": meta, "rows": rows}, [md.rstrip("\n")])
+    write_results(dest, "network_defaults_fmnist", {"meta": meta, "rows": rows}, [md.rstrip("\n")])
     return rows
 
 
@@ -173,6 +203,9 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results; none for --quick)")
     ap.add_argument("--fmnist", action="store_true", help="the Fashion-MNIST MLP part (one split, seed 0)")
     ap.add_argument("--stops", default="10,25,50", help="--fmnist: round counts scored")
+    ap.add_argument("--splits", default="0", help="--fmnist: the split seeds (results averaged over them)")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the recorded rows of the algorithms not run now")
     a = ap.parse_args(argv)
     algs, seeds, rounds = a.algorithms.split(","), a.seeds, a.rounds
     if a.fmnist:
@@ -187,9 +220,13 @@ def main(argv=None):
             print(rows[-1], flush=True)
     meta = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "jax": jax.__version__,
             "date": time.strftime("%Y-%m-%d")}
+    dest = destination(a.out, a.quick)
+    for r in rows:
+        r["date"] = meta["date"]
+    rows = kept_rows(a, dest, "network_defaults", algs) + rows
     md = markdown(rows, meta, seeds, rounds)
     print(md)
-    write_results(destination(a.out, a.quick), "network_defaults", {"meta": meta, "rows": rows}, [md.rstrip("\n")])
+    write_results(dest, "network_defaults", {"meta": meta, "rows": rows}, [md.rstrip("\n")])
     return rows
 
 

@@ -449,9 +449,10 @@ def test_drift_spread_ratio_is_the_draws_spread_along_their_path_over_the_secant
 def test_clients_whose_draws_travel_send_fedavgs_delta_and_the_run_says_so():
     """IASG with a step too small to reach the local mode in its window: the draws lie on the chain's
     path (drift ratio about 25, a straight line's). At step 1e-3 the path is wider than the local
-    posterior (spread ratio above 2), so by default each sampling round is a burn-in round (rho_l = 1,
+    posterior (spread ratio 5 to 16, the default limit 1), so by default each sampling round is a burn-in
+    round (rho_l = 1,
     the delta theta - mean), reported as ``client_drifting`` and in a warning. At step 1e-4 the chain
-    moves less than the posterior's own width (spread ratio below 1): its damping costs nothing and the
+    moves less than the posterior's own width (spread ratio 0.1 to 0.2): its damping costs little and the
     shrunk delta is sent (rho_l = 1/2) unless ``max_drift_spread=None`` lets the drift alone decide.
     ``max_drift=None``: never a burn-in round."""
     fed, model, _, _ = fig1_setup()

@@ -209,7 +209,7 @@ def drift_spread_ratio(samples, grad_fn, scale):
     along a direction the data pin down; draws travelling toward their mode along such a direction
     spread far wider (on the Fashion-MNIST MLP of benchmarks/dual.py, 8 to 34 on its clients of 1,189
     and 2,555 rows); a chain creeping along a direction the client's data hardly constrain (prior share
-    only) stays below 1 (digits softmax regression: 0.04 to 1.1). A non-positive curvature (a concave
+    only) stays about 1 or below (digits softmax regression: 0.04 to 1.1). A non-positive curvature (a concave
     stretch) gives 0. Below 4 draws: 0."""
     l = samples.shape[0]
     h = l // 2
