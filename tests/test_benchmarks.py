@@ -232,3 +232,18 @@ def test_one_round_clients_benchmark_quick():
         assert positive_finite(row[k]), (k, row)
     assert row["phase_over_floor"] < 10, row        # the chains cost about their gradient + noise steps
     assert row["accuracy"] > 0.6, row
+
+
+def test_fedpa_writers_benchmark_quick(data_root):
+    """benchmarks/fedpa_writers.py --quick: MNIST rows over 40 writers with label, size and style skew,
+    FedAvg-ME and FedPA-ME with the same client steps and server optimiser, 4 rounds of 4 writers: one
+    accuracy per round, every writer's rows styled, the table's rounds-to-target column computed."""
+    bench = load_script("fedpa_writers")
+    fed, (Xt, yt) = bench.writers(data_root, 40, seed=0, test_rows=100)
+    assert fed.num_clients == 40 and Xt.shape == (100, 784) and 0.0 <= Xt.min() and Xt.max() <= 1.0
+    rows = bench.main(["--quick"])
+    assert [r["method"] for r in rows] == ["FedAvg-ME", "FedPA-ME"]
+    for r in rows:
+        assert len(r["accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in r["accuracy"]), r
+    assert bench.first_round([0.5] * 9 + [1.0] * 11, 0.72) == 14     # the window of rounds 5-14
+    assert bench.first_round([0.5] * 20, 0.75) is None
