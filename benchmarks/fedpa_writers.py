@@ -137,8 +137,8 @@ def run_all(root, a):
                 r = fp.run(algo, model, fed, rounds=a.rounds, seed=seed, clients_per_round=a.per_round,
                            eval_data=test, progress=False)
             acc = np.asarray(r.metric("accuracy"), float)
-            row = {"method": name, "seed": seed, "accuracy": acc.tolist(), "nll": np.asarray(r.metric("nll")).tolist(),
-                   "seconds": round(time.perf_counter() - t0, 1)}
+            row = {"method": name, "seed": seed, "accuracy": acc.tolist(),
+                   "nll": np.asarray(r.metric("nll")).tolist(), "seconds": round(time.perf_counter() - t0, 1)}
             if "client_drifting" in r.history[-1]:
                 row["drifting"] = np.asarray(r.metric("client_drifting")).tolist()
             rows.append(row)

@@ -9,8 +9,9 @@ average are both scored).
 
 ``--fmnist``: the Fashion-MNIST MLP of benchmarks/dual.py (MLP (200, 100), sigmoid, 10% of the
 training rows over 10 clients, sizes Dir(1) and classes Dir(0.5), 2,000 test rows; ``--splits`` the
-split seeds), every algorithm with no argument, scored after each of ``--stops`` rounds (a run resumed from its checkpoint: the
-same states as one longer run), against the BayesADMM paper's FedAvg and BayesADMM (Table 1).
+split seeds), every algorithm with no argument, scored after each of ``--stops`` rounds (a run
+resumed from its checkpoint: the same states as one longer run), against the BayesADMM paper's
+FedAvg and BayesADMM (Table 1). ``--update`` keeps the recorded rows of the algorithms not run now.
 
 Usage::
 

@@ -70,11 +70,11 @@ straight line's ratio), but there they creep along directions the client's rows 
 is FedPA's correction (0.919-0.928 accuracy, NLL 0.27-0.28 after 20 rounds; 0.892 / 0.370 when the
 drift alone decides); on the Fashion-MNIST MLP the clients' chains travel downhill (spread 2 to 5 on
 clients of 233 to 431 rows, 8 to 34 on those of 1,189 and 2,555), and sending their burn-in message
-instead lifts FedPA() from 44.5% to 70.3% after 10 rounds. The paper's networks ran hundreds of FedAvg burn-in rounds for the same reason; here each
-client decides from its own draws. A run whose last round had drifting clients says so (a warning
-and ``result.info["run_message"]``): the posterior's precision there is the burn-in stand-in, not
-client moments. ``max_drift=None`` turns the checks off; ``max_drift_spread=None`` lets the drift
-alone decide.
+instead lifts FedPA() from 44.5% to 70.3% after 10 rounds. The paper's networks ran hundreds of
+FedAvg burn-in rounds for the same reason; here each client decides from its own draws. A run
+whose last round had drifting clients says so (a warning and ``result.info["run_message"]``): the
+posterior's precision there is the burn-in stand-in, not client moments. ``max_drift=None`` turns
+the checks off; ``max_drift_spread=None`` lets the drift alone decide.
 
 After the last round ``posterior`` is a diagonal Gaussian approximation:
 mean the server point, precision ``N sum_k q_k diag(Sigma_hat_k^-1)`` from the
@@ -406,8 +406,10 @@ class FedPA(Algorithm, ServerOptimizer):
             return None
         return (f"FedPA: in the last round {100 * share:.0f}% of the participating clients' draws were still "
                 f"drifting (drift ratio {history[-1].get('client_drift', float('nan')):.3g} on average, "
-                f"flagged above {self.max_drift:g} times that of draws on a straight line, spreading wider "
-                "along their path than the local posterior): they sent FedAvg's delta "
+                f"flagged above {self.max_drift:g} times that of draws on a straight line"
+                + (", spreading wider along their path than the local posterior"
+                   if self.max_drift_spread is not None else "")
+                + "): they sent FedAvg's delta "
                 "and no covariance, so the posterior's sds are partly the burn-in stand-in (1 / sqrt(N)), not "
                 "the clients' posterior moments. Longer client chains (e.g. client=IASG(num_burnin=...)) or "
                 "more rounds let them settle")
