@@ -246,4 +246,5 @@ def test_fedpa_writers_benchmark_quick(data_root):
     for r in rows:
         assert len(r["accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in r["accuracy"]), r
     assert bench.first_round([0.5] * 9 + [1.0] * 11, 0.72) == 14     # the window of rounds 5-14
+    assert bench.first_round([math.nan, 0.5, math.nan, 1.0] * 5, 0.74, window=4) == 4   # unevaluated rounds left out
     assert bench.first_round([0.5] * 20, 0.75) is None
