@@ -30,7 +30,7 @@ last 100), and the first round whose 10-round running mean reaches each ``--targ
 Usage::
 
     python benchmarks/fedpa_writers.py                 # writes benchmarks/results/fedpa_writers.{json,md}
-    python benchmarks/fedpa_writers.py --quick         # 40 writers, 4 rounds, 2 methods; writes nothing
+    python benchmarks/fedpa_writers.py --quick         # 40 writers, 4 rounds, 2 methods, 32 hidden units
 """
 from __future__ import annotations
 
@@ -131,9 +131,9 @@ def first_round(acc, target, window=10):
 def run_all(root, a):
     rows = []
     for seed in range(a.seeds):
-        fed, test = writers(root, a.clients, seed)
+        fed, test = writers(root, a.clients, seed, test_rows=a.test_rows)
         epoch_steps = max(1, int(round(np.mean(fed.client_sizes) / a.batch)))
-        model = fp.models.bnn_mlp((100,), num_classes=10)
+        model = fp.models.bnn_mlp((a.hidden,), num_classes=10)
         for name, algo in methods(a.steps, epoch_steps, a.batch, a.lr, a.burn_in).items():
             if a.methods and name not in a.methods.split(","):
                 continue
@@ -159,7 +159,7 @@ def markdown(rows, meta, a):
     lines = ["# FedPA over simulated writers (the paper's EMNIST-62 setting, scaled)", "",
              f"{meta['machine']}; jax {meta['jax']}; {meta['date']}; 2 CPU cores", "",
              f"MNIST's training rows over {a.clients} writers (label skew Dirichlet(0.5), size skew Dirichlet(1), a "
-             f"shift and contrast style per writer), `bnn_mlp((100,))`, {a.per_round} writers a round, {a.rounds} "
+             f"shift and contrast style per writer), `bnn_mlp(({a.hidden},))`, {a.per_round} writers a round, {a.rounds} "
              f"rounds, {a.steps} SGD steps of {a.batch} rows at {a.lr} per client and round (FedAvg-1E: one "
              f"epoch's), server SGD with momentum 0.9 at 0.5 (FedAdam: Adam at 0.01), FedPA sampling after "
              f"{a.burn_in} FedAvg rounds; {a.seeds} seeds (split, styles, run). Test accuracy % at round "
@@ -197,6 +197,8 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--targets", default="0.9,0.93")
+    ap.add_argument("--hidden", type=int, default=100, help="hidden units of the MLP")
+    ap.add_argument("--test-rows", type=int, default=2000)
     ap.add_argument("--eval-every", type=int, default=5, help="evaluate every this many rounds (and the last)")
     ap.add_argument("--methods", default=None, help="comma-separated subset (default all)")
     ap.add_argument("--out", default=None)
@@ -204,7 +206,7 @@ def main(argv=None):
     if a.quick:
         a.clients, a.rounds, a.burn_in, a.seeds, a.per_round, a.steps = 40, 4, 2, 1, 4, 20
         a.methods = a.methods or "FedAvg-ME,FedPA-ME"
-        a.eval_every = 1
+        a.eval_every, a.hidden, a.test_rows = 1, 32, 200
     root = find_data_root()
     if root is None:
         print("no data folder (../shared/data or FEDPROB_DATA): skipping")
