@@ -157,3 +157,34 @@ def test_classification_eval_metrics():
     probs = np.asarray(r.posterior.predict(X))
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
     assert float(jnp.mean(r.posterior.log_predictive_density(X, y))) == pytest.approx(-h["nll"], rel=1e-4)
+
+
+def test_ggn_laplace_clients_of_a_large_model_run_one_at_a_time_and_match_vmapped():
+    """PVI's Laplace clients skip their padded rows in the curvature loop only when mapped one at a
+    time: on the CPU, a model of >= SEQUENTIAL_MIN_DIM parameters with unequal clients runs them so by
+    default (the same numbers as vmapping them all), a small model or equal clients vmap them."""
+    from fedprob.algorithms.base import SEQUENTIAL_MIN_DIM, Context, sequential_pays
+    from fedprob.run import get_potential
+
+    rng = np.random.default_rng(0)
+    d = SEQUENTIAL_MIN_DIM
+    clients = []
+    for n in (8, 8, 40):
+        X = rng.normal(size=(n, d)).astype(np.float32) / np.sqrt(d)
+        clients.append((X, (X[:, :3] @ np.array([1.0, -1.0, 0.5]) + 0.3 * rng.normal(size=n)).astype(np.float32)))
+    fed = fp.data.FederatedData.from_clients(clients)
+    pot = get_potential(model, fed)
+    ctx = Context(pot, 3, np.asarray(fed.sizes), fed.num_rows)
+    assert fp.algorithms.PVI().client_chunk_for(ctx) == 1
+    assert fp.algorithms.FedAvg().client_chunk_for(ctx) is None          # fixed steps: vmap
+    assert not sequential_pays(Context(pot, 3, np.array([40, 40, 40]), 120))      # equal sizes
+    small = make_fed(K=3)
+    assert not sequential_pays(Context(get_potential(model, small), 3, np.array([8, 8, 40]), 56))
+    algo = fp.algorithms.PVI(client=fp.inference.Laplace(hessian="diag_ggn", num_steps=20))
+    a = fp.run(algo, model, fed, rounds=1, seed=0, progress=False)
+    b = fp.run(algo, model, fed, rounds=1, seed=0, progress=False, engine=fp.engine.Local(client_chunk=3))
+    assert a.info["client_chunk"] == 1 and "padded rows" in a.info["client_chunk_chosen"]
+    assert b.info["client_chunk"] == 3 and "client_chunk_chosen" not in b.info
+    np.testing.assert_allclose(np.asarray(a.posterior.mean["w"]), np.asarray(b.posterior.mean["w"]),
+                               rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(a.posterior.sd["w"]), np.asarray(b.posterior.sd["w"]), rtol=1e-4)

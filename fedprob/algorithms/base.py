@@ -44,6 +44,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..names import CheckedKeywords
 from ..potential import Potential
@@ -61,6 +62,26 @@ class Context:
     @property
     def dim(self) -> int:
         return self.potential.dim
+
+
+#: parameters from which a client's update fills the CPU's cores on its own (vmapping the clients adds
+#: no parallelism there, only the padding of every client to the largest one's rows)
+SEQUENTIAL_MIN_DIM = 10_000
+#: the mean client size over the largest below which that padding is worth avoiding
+SEQUENTIAL_MAX_FILL = 0.5
+
+
+def sequential_pays(ctx: "Context") -> bool:
+    """Whether clients whose updates skip their padded rows should be mapped one at a time: on the
+    CPU, a model of at least :data:`SEQUENTIAL_MIN_DIM` parameters and client sizes whose mean is at
+    most :data:`SEQUENTIAL_MAX_FILL` of the largest (under ``vmap`` every client pays the largest
+    one's rows). Measured on the Fashion-MNIST MLP (178,110 weights, 10 clients of 233 to 2,555
+    rows, mean 600): a PVI round with Laplace clients 23.0 s vmapped, 11.9 s one at a time
+    (benchmarks/results/network_defaults_fmnist.md). Accelerators keep ``vmap``."""
+    sizes = np.asarray(ctx.client_sizes, dtype=float)
+    if jax.default_backend() != "cpu" or ctx.dim < SEQUENTIAL_MIN_DIM or sizes.size < 2 or sizes.max() <= 0:
+        return False
+    return bool(sizes.mean() <= SEQUENTIAL_MAX_FILL * sizes.max())
 
 
 class Algorithm(CheckedKeywords):
@@ -102,6 +123,13 @@ class Algorithm(CheckedKeywords):
 
     def local_step_count(self, ctx: Context, data):
         """ONE client's full number of local steps, or None: its update has no partial result."""
+        return None
+
+    def client_chunk_for(self, ctx: Context):
+        """How the local engine maps the clients when the user set no ``client_chunk``: None (default)
+        vmaps them all at once; 1 runs them one at a time (``lax.map``), for client updates whose
+        loops over rows stop at the client's own last row, which under ``vmap`` run to the largest
+        client's (:func:`sequential_pays`)."""
         return None
 
     def gaussian_fits(self, ctx: Context, server_state, client_states, data):

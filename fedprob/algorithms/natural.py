@@ -100,7 +100,7 @@ from ..posteriors import Gaussian, GlobalPosterior, Samples
 from ..potential import make_target
 from ..protocols import ClientBackend, finite_flag
 from .aliases import alias_field, backend_family, resolve_family, take_alias
-from .base import Algorithm, Context, masked_sum, stack_init
+from .base import Algorithm, Context, masked_sum, sequential_pays, stack_init
 from .model_prior import model_prior
 
 Array = jax.Array
@@ -280,6 +280,14 @@ class NaturalLoop(Algorithm):
         if self.client is not None:
             return self.client
         return Laplace(hessian="ggn" if self.family == "full" else "diag_ggn")
+
+    def client_chunk_for(self, ctx):
+        """One client at a time (:func:`~fedprob.algorithms.base.sequential_pays`) for GGN Laplace
+        clients, whose curvature loop stops at the client's last row; else all vmapped."""
+        b = self.joint_backend(ctx.potential)
+        if isinstance(b, Laplace) and b.hessian in ("ggn", "diag_ggn") and sequential_pays(ctx):
+            return 1
+        return None
 
     def joint_backend(self, potential):
         """The backend of the client solves: :attr:`backend`, with a diagonal Laplace curvature raised
@@ -603,6 +611,9 @@ class Configured(Algorithm):
 
     def local_step_count(self, ctx, data):
         return self.loop().local_step_count(ctx, data)
+
+    def client_chunk_for(self, ctx):
+        return self.loop().client_chunk_for(ctx)
 
     def gaussian_fits(self, ctx, server_state, client_states, data):
         return self.loop().gaussian_fits(ctx, server_state, client_states, data)

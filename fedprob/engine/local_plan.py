@@ -24,7 +24,11 @@ class Local(CheckedKeywords):
     ``jax.devices()``: all of this process's, or of every process after
     ``jax.distributed.initialize``); one device runs plain vmap.
     client_chunk: map the clients in ``lax.map`` chunks of this many (vmapped
-    inside a chunk) to bound memory; None (default) vmaps all at once.
+    inside a chunk) to bound memory; a number at least the participants vmaps
+    them all; None (default): the algorithm's choice
+    (:meth:`~fedprob.algorithms.base.Algorithm.client_chunk_for`), all at once
+    except GGN-Laplace clients of a large model with unequal sizes on the CPU,
+    run one at a time so that each pays its own rows, not the largest client's.
     """
 
     devices: Optional[tuple] = None

@@ -27,7 +27,9 @@ class Rounds:
     phase runs the cheap :class:`~fedprob.algorithms.client_runs.FromClientPhase`
     on the phase's results). clients: the initial client states, placed where
     the round wants them. compile_time: seconds (round and client phase).
-    info: ``engine``, ``devices``, ``client_chunk``, ``compile_round_s``, the
+    info: ``engine``, ``devices``, ``client_chunk`` (where the user set none, the
+    algorithm's :meth:`~fedprob.algorithms.base.Algorithm.client_chunk_for`, with
+    ``client_chunk_chosen`` saying why when it is not None), ``compile_round_s``, the
     client phase's timings and, with stragglers, ``straggler_policy``.
     """
 
@@ -71,8 +73,12 @@ def compile_rounds(plan, algorithm, ctx, num_participants: int, rounds: int, sta
     rounds resumed at ``start``; ``k_rounds`` is the run's round key (round r uses ``fold_in(k_rounds, r)``)."""
     devs, chunk, M = plan.device_list(), plan.client_chunk, num_participants
     mesh = sharded.make_mesh(devs) if len(devs) > 1 else None
-    info = {"engine": "local" if mesh is None else "sharded", "devices": [str(d) for d in devs],
-            "client_chunk": chunk}
+    info = {"engine": "local" if mesh is None else "sharded", "devices": [str(d) for d in devs]}
+    if chunk is None and mesh is None:
+        chunk = algorithm.client_chunk_for(ctx)     # the algorithm's choice where the user made none
+        if chunk is not None:
+            info["client_chunk_chosen"] = "one client at a time: the updates skip their padded rows"
+    info["client_chunk"] = chunk
     if mesh is None and start == 0 and client_phase.applies(algorithm, rounds, M, ctx.num_clients):
         algorithm, data, phase_info = client_phase.run(
             algorithm, ctx, data, server, jax.random.fold_in(k_rounds, 0), chunk, progress)
