@@ -18,7 +18,8 @@ Part 2, the federation of 10 clients: ``FedLapCov`` (Adam 1e-3, minibatches of 3
 as in dual.py) at its default curvature (and with ``fisher_samples=0``, each client alone) beside
 ``FedAvg`` with the same local steps: seconds per round after the first (median), each client alone
 (``Local(client_chunk=1)``, as dual.py runs FedLap-Cov) and vmapped (the default engine: every client
-pays for the largest one's rows), and test accuracy at the posterior mean after the rounds.
+pays for the largest one's rows: ``client_chunk`` = the clients; with none given, FedLap-Cov's
+clients of this network run one at a time), and test accuracy at the posterior mean after the rounds.
 
     python benchmarks/network_curvature.py           # writes benchmarks/results/network_curvature.{json,md}
     python benchmarks/network_curvature.py --quick   # digits, an MLP (32,), small sizes; writes nothing
@@ -131,7 +132,7 @@ def part_two(fed, test, model, rounds, epochs, quick=False):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 res = fp.run(algo, model, fed, rounds=rounds, progress=False,
-                             engine=fp.engine.Local(client_chunk=chunk))
+                             engine=fp.engine.Local(client_chunk=chunk or fed.num_clients))
             post = res.posterior
             pred = "mean" if isinstance(post.form, fp.Gaussian) else None
             acc = classification_metrics(np.asarray(post.predict(test[0], prediction=pred)), test[1])["accuracy"]
