@@ -14,8 +14,8 @@ import pytest
 #   test_psis.py took 151 s instead of 194 s on one core.
 # * LLVM code generation in one piece instead of 32 compiled on a thread pool
 #   (--xla_cpu_parallel_codegen_split_count=1): the two workers already fill both cores; four fp.runs
-#   (PVI, FedPA, ConsensusMC, FedAvg on a 3-parameter model) compiled 11.3 s of XLA instead of 13.5
-#   (mean of 4 interleaved pairs, every pair lower).
+#   (PVI, FedPA, ConsensusMC, FedAvg on a 3-parameter model) compiled 12.0 s of XLA instead of 14.1 and
+#   took 7% less wall time (means of 7 interleaved pairs, XLA lower in every pair).
 # Every test passes either way (runtime-heavy tests run slower, compile-heavy ones much faster). Set before
 # JAX is imported, so xdist workers and the processes tests start (notebook kernels, Flower nodes) inherit
 # them; FEDPROB_TEST_XLA_O0=0 compiles with XLA's defaults instead (an XLA_FLAGS that sets one of them keeps its own value).
