@@ -97,8 +97,9 @@ def run(algorithm: Algorithm, model, fed: FederatedData, rounds: Optional[int] =
     rounds. eval_data: (X, y) evaluated every ``eval_every`` rounds and at the
     end. model_kwargs: keyword arguments of ``model``.
 
-    engine: :class:`fedprob.engine.Local` (default: vmap over the clients,
-    sharded over several ``devices``, in ``client_chunk`` chunks) or
+    engine: :class:`fedprob.engine.Local` (default: vmap over the clients, or
+    one at a time where the algorithm chooses it, sharded over several
+    ``devices``, in ``client_chunk`` chunks) or
     :class:`fedprob.engine.Flower` (a Flower simulation; ``pip install
     fedprob[flower]``). faults: a :class:`fedprob.Faults` (dropout,
     :class:`fedprob.Stragglers`, the update-norm bound; :mod:`fedprob.faults`),
