@@ -1,6 +1,7 @@
 """The local engine: determinism, compile caching, participation, divergence quarantine, validation."""
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -175,7 +176,8 @@ def test_ggn_laplace_clients_of_a_large_model_run_one_at_a_time_and_match_vmappe
     fed = fp.data.FederatedData.from_clients(clients)
     pot = get_potential(model, fed)
     ctx = Context(pot, 3, np.asarray(fed.sizes), fed.num_rows)
-    assert fp.algorithms.PVI().client_chunk_for(ctx) == 1
+    cpu = jax.default_backend() == "cpu"                 # accelerators keep vmap
+    assert fp.algorithms.PVI().client_chunk_for(ctx) == (1 if cpu else None)
     assert fp.algorithms.FedAvg().client_chunk_for(ctx) is None          # fixed steps: vmap
     assert not sequential_pays(Context(pot, 3, np.array([40, 40, 40]), 120))      # equal sizes
     small = make_fed(K=3)
@@ -183,7 +185,8 @@ def test_ggn_laplace_clients_of_a_large_model_run_one_at_a_time_and_match_vmappe
     algo = fp.algorithms.PVI(client=fp.inference.Laplace(hessian="diag_ggn", num_steps=20))
     a = fp.run(algo, model, fed, rounds=1, seed=0, progress=False)
     b = fp.run(algo, model, fed, rounds=1, seed=0, progress=False, engine=fp.engine.Local(client_chunk=3))
-    assert a.info["client_chunk"] == 1 and "padded rows" in a.info["client_chunk_chosen"]
+    assert a.info["client_chunk"] == (1 if cpu else None)
+    assert ("padded rows" in a.info["client_chunk_chosen"]) if cpu else ("client_chunk_chosen" not in a.info)
     assert b.info["client_chunk"] == 3 and "client_chunk_chosen" not in b.info
     np.testing.assert_allclose(np.asarray(a.posterior.mean["w"]), np.asarray(b.posterior.mean["w"]),
                                rtol=1e-4, atol=1e-6)
