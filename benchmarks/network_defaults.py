@@ -156,7 +156,13 @@ def fmnist_markdown(rows, meta, stops, splits=(0,)):
     notes = {r["algorithm"]: r["note"] for r in rows if r.get("note")}
     if notes:
         lines += [""] + [f"`{a}`: {n}." for a, n in notes.items()]
+    if FMNIST_NOTES.exists():                 # measurements beside the table, kept by hand
+        lines += ["", FMNIST_NOTES.read_text().rstrip("\n")]
     return "\n".join(lines) + "\n"
+
+
+#: hand-kept notes appended to the Fashion-MNIST table (the pooled reference, changes tried)
+FMNIST_NOTES = Path(__file__).resolve().parent / "results" / "network_defaults_fmnist.notes.md"
 
 
 def kept_rows(a, dest, name: str, algs) -> list:
