@@ -474,7 +474,8 @@ def map_search_settings(optimizer, learning_rate, batch_size, rows: int, dim: in
     (padded) rows and ``dim`` parameters: the given ones when any is set; unset, full-batch L-BFGS
     (all None) while ``rows * dim <= FULL_BATCH_MAX_WORK``, else Adam on ``AUTO_BATCH_SIZE`` rows with
     its step decayed from ``AUTO_LEARNING_RATE`` to 0 over the steps (cosine): a constant step keeps
-    the answer jittering about the mode (0.4 posterior sd on a 600-row regression), and the
+    the answer jittering about the mode (on a 600-row regression its largest coordinate ends 0.99
+    posterior sd from the mode on average over 16 keys, against 0.36 with the decay), and the
     Laplace's linear term ``P m`` carries that jitter."""
     if optimizer is not None or learning_rate is not None or batch_size is not None:
         return optimizer, learning_rate, batch_size

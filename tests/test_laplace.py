@@ -201,8 +201,9 @@ def test_minibatch_map_full_batch_curvature(linreg_data, exact):
 def test_unset_map_search_follows_the_client_size(monkeypatch):
     """Unset, the search is full-batch L-BFGS up to FULL_BATCH_MAX_WORK row-parameters and minibatch
     Adam beyond (any setting given is kept); on a conjugate regression of 600 rows pushed past the
-    threshold the minibatch search runs its fixed 200 steps and lands within 0.3 sd of the exact
-    mode, and the curvature (all rows) is the exact precision."""
+    threshold the minibatch search runs its fixed 200 steps and lands near the exact mode (its
+    largest coordinate error over 16 keys: 0.36 posterior sd on average, at most 0.60; with a
+    constant step 0.99 and 1.94), and the curvature (all rows) is the exact precision."""
     from fedprob.inference import laplace as lap_mod
     from fedprob.inference.laplace import AUTO_BATCH_SIZE, FULL_BATCH_MAX_WORK, map_search_settings
 
@@ -220,16 +221,19 @@ def test_unset_map_search_follows_the_client_size(monkeypatch):
     mean, cov = linreg_exact_posterior([X], [y], SIGMA, PRIOR)
     pot = Potential(linreg, X, y)
     data = ClientData(jnp.asarray(X, jnp.float32), jnp.asarray(y, jnp.float32), jnp.asarray(n))
-    run = lambda: jax.jit(lambda k, t, z: Laplace(hessian="ggn").run(k, pot, t, z))(
-        jax.random.PRNGKey(0), make_target(data, D), jnp.zeros(D))
-    full = run()
+    target = make_target(data, D)
+    full = jax.jit(lambda k, t, z: Laplace(hessian="ggn").run(k, pot, t, z))(
+        jax.random.PRNGKey(0), target, jnp.zeros(D))
     monkeypatch.setattr(lap_mod, "FULL_BATCH_MAX_WORK", 100)
-    mini = run()
-    assert int(full.diagnostics["num_steps"]) < 200 and int(mini.diagnostics["num_steps"]) == 200
+    # the minibatch answer depends on the batches drawn: 16 keys in one vmapped program
+    mini = jax.jit(jax.vmap(lambda k: Laplace(hessian="ggn").run(k, pot, target, jnp.zeros(D))))(
+        jax.random.split(jax.random.PRNGKey(0), 16))
+    assert int(full.diagnostics["num_steps"]) < 200 and np.all(np.asarray(mini.diagnostics["num_steps"]) == 200)
     sd = np.sqrt(np.diag(cov))
     assert np.all(np.abs(np.asarray(full.params) - mean) < 0.01 * sd)
-    assert np.all(np.abs(np.asarray(mini.params) - mean) < 0.3 * sd), (np.asarray(mini.params) - mean) / sd
-    np.testing.assert_allclose(mini.posterior.precision, np.linalg.inv(cov), rtol=1e-4)
+    err = np.max(np.abs(np.asarray(mini.params) - mean) / sd, axis=1)
+    assert err.mean() < 0.5 and err.max() < 1.0, err
+    np.testing.assert_allclose(mini.posterior.precision[0], np.linalg.inv(cov), rtol=1e-4)
 
 
 CURV = jax.jit(curvature, static_argnums=(0, 3))
