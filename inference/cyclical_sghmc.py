@@ -108,12 +108,14 @@ class CyclicalSGHMC(Sampler):
     target_ess, max_stretch: the cycle length is multiplied by an integer
         up to ``max_stretch`` so that each cycle's noisy phase covers a few
         pilot autocorrelation times and the draws reach ``target_ess``
-        effective draws (``None``: half the draws; 0: off).
+        effective draws (``None``: half the draws; 0: off); not stretched
+        where the pilot asks for more than twice ``max_stretch`` (out of
+        reach: ``stretch_needed`` reports it).
 
     Draws: ``num_cycles * samples_per_cycle``. Diagnostics: ``grad_norm``,
     ``log_density`` and ``kinetic_temperature`` averaged over the noisy
     steps, ``nonfinite`` / ``finite``, ``ess``, ``step_size`` (eta0),
-    ``stretch``, ``gradient_noise_ratio`` (worst coordinate, at the largest
+    ``stretch``, ``stretch_needed``, ``gradient_noise_ratio`` (worst coordinate, at the largest
     noisy learning rate), ``burnin_restarts`` and ``sampling_restarts``
     (burn-in windows / sampling blocks rolled back after a NaN/inf, with the
     step halved from then on; adapted step only).

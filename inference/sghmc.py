@@ -86,7 +86,7 @@ class SGHMC(ThinnedSampler):
         :class:`~fedprob.inference.SGLD`.
 
     Diagnostics: those of SGLD (``grad_norm``, ``log_density``,
-    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``stretch``,
+    ``nonfinite`` / ``finite``, ``ess``, ``step_size``, ``stretch``, ``stretch_needed``,
     ``burnin_restarts``, ``sampling_restarts``, ``gradient_noise_ratio`` =
     ``eta max_i V_i / (2 alpha T)``, the worst coordinate's ratio of
     minibatch-noise to injected-noise variance per step) and

@@ -134,9 +134,11 @@ class SGLD(ThinnedSampler):
     target_ess, max_stretch: effective-sample-size target of the draws (worst
         coordinate; ``None``: half of ``num_samples``; 0: off); the thinning
         is multiplied by an integer up to ``max_stretch``, chosen from a pilot
-        autocorrelation estimate of the second half of burn-in. To raise a
-        client's ESS raise ``num_samples`` and ``target_ess`` (and
-        ``max_stretch``).
+        autocorrelation estimate of the second half of burn-in; a target the
+        pilot puts beyond twice ``max_stretch`` is out of reach and the run
+        keeps its length (``stretch`` 1, ``stretch_needed`` says what it
+        asked for). To raise a client's ESS raise ``num_samples`` and
+        ``target_ess`` (and ``max_stretch``).
     num_chains: independent chains per client (vmapped over chain keys by the
         one-round methods; draws are stacked chain-major, so client R-hat is real).
 
@@ -152,7 +154,7 @@ class SGLD(ThinnedSampler):
 
     Diagnostics: ``grad_norm``, ``log_density`` (means over the last steps
     of the sampling blocks, one per draw), ``nonfinite`` / ``finite``, ``ess`` (smallest per-coordinate ESS
-    of the draws), ``step_size`` (of the sampling phase), ``stretch``,
+    of the draws), ``step_size`` (of the sampling phase), ``stretch``, ``stretch_needed``,
     ``burnin_restarts`` / ``sampling_restarts`` (burn-in windows / sampling
     blocks rolled back after a NaN/inf, adapted step only),
     ``gradient_noise_ratio``.

@@ -142,6 +142,37 @@ def test_ess_target_lengthens_the_run():
     _, on = run_federation(SGLD(precondition=None), clients, seed=2, chains=1)
     assert np.all(off["stretch"] == 1) and np.all(on["stretch"] > 1)
     assert np.all(on["ess"] > 2 * off["ess"]), (off["ess"], on["ess"])
+    # within reach (the pilot asks for at most twice the cap): stretched as far as the cap allows
+    assert np.all(on["stretch"] == np.minimum(on["stretch_needed"], 10)), (on["stretch"], on["stretch_needed"])
+    assert np.all(on["stretch_needed"] <= 20), on["stretch_needed"]
+
+
+def test_the_stretch_is_capped_and_an_out_of_reach_target_not_chased():
+    from fedprob.inference.sgmcmc.schedules import MIN_PILOT_ESS, REACH, chosen_stretch
+    needed = jnp.array([1, 5, 10, 11, 20, 21, 1000, 2 ** 30])
+    assert REACH == 2 and MIN_PILOT_ESS == 5.0
+    np.testing.assert_array_equal(np.asarray(chosen_stretch(needed, 10)), [1, 5, 10, 10, 10, 1, 1, 1])
+    np.testing.assert_array_equal(np.asarray(chosen_stretch(needed, 10, 7.5)), [1, 5, 10, 10, 10, 1, 1, 1])
+    # a pilot too short to resolve its slowest coordinate: a request above the cap is a lower bound
+    np.testing.assert_array_equal(np.asarray(chosen_stretch(needed, 10, 4.0)), [1, 5, 10, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(np.asarray(chosen_stretch(needed, 1)), [1, 1, 1, 1, 1, 1, 1, 1])
+
+
+def test_an_out_of_reach_target_keeps_the_run_length():
+    """A coordinate the rows never inform (an all-zero input column) relaxes at the prior's scale under
+    a step set by the data's curvature, thousands of times slower than the others: the pilot (4 effective
+    records of 100 in that coordinate) asks for 19, a lower bound, and stretched 10 times the run's ESS
+    was 5.9 against the target's 100. Out of reach, it is not stretched and ``stretch_needed`` says what
+    was asked for; the informed coordinates are still sampled right."""
+    clients = shifted_clients(3, K=1, n=1000)
+    X, y = clients[0]
+    X = X.copy()
+    X[:, 3] = 0.0
+    clients = [(X, y)]
+    draws, diag = run_federation(SGLD(precondition=None), clients, seed=3, chains=1)
+    assert np.all(diag["stretch_needed"] > 10) and np.all(diag["stretch"] == 1), diag
+    z, r = errors(draws, clients)
+    assert np.all(np.abs(z[:, :3]) < 0.5) and np.all((r[:, :3] > 0.75) & (r[:, :3] < 1.3)), (z, r)
 
 
 def test_a_stretched_cycle_reports_progress_through_its_exploration(monkeypatch):

@@ -20,7 +20,7 @@ from fedprob import progress
 from ..budget import tree_select
 from .curvature import ADAPT_EVERY, EARLY_LOOSENESS, POWER_ITERS, WARM_ITERS
 from .diagnostics import effective_sample_size
-from .schedules import EXPLORATION_LOOSENESS, PILOT_EVERY, Schedule, stretch_factor
+from .schedules import EXPLORATION_LOOSENESS, PILOT_EVERY, Schedule, chosen_stretch, stretch_needed
 
 Array = jax.Array
 
@@ -51,6 +51,8 @@ class ChainOutput(NamedTuple):
     noise_coef: Optional[Array] = None   # () worst-coordinate gradient-noise ratio per unit
                                          # step at the end of burn-in (None without ``noise``)
     draw_steps: Optional[Array] = None   # (num_samples,) the step of each draw's last step
+    stretch_needed: Optional[Array] = None  # () the stretch the pilot asked for, uncapped (1 without
+                                            # a pilot); above REACH * max_stretch the run is not stretched
 
 
 
@@ -75,9 +77,9 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     windows and sampling blocks that produce NaN/inf are rolled back to ``reset(state at
     their start)`` and every later step halved (adapted step only). A block's draw is its
     last position (``reduce="last"``) or the average of its positions (``"mean"``). With
-    ``target_ess > 0`` the sampling phase is stretched (:func:`stretch_factor`) from the
+    ``target_ess > 0`` the sampling phase is stretched (:func:`.schedules.chosen_stretch`) from the
     pilot autocorrelation time of the second half of burn-in (recorded every
-    ``PILOT_EVERY`` steps).
+    ``PILOT_EVERY`` steps), unless the target is out of reach.
     """
     if reduce not in ("last", "mean"):
         raise ValueError(f"reduce must be 'last' or 'mean', got {reduce!r}")
@@ -188,9 +190,10 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
         tau = PILOT_EVERY * rec.shape[0] / jnp.maximum(jnp.min(ess), 1e-3)
         tau = jnp.where(jnp.all(jnp.isfinite(rec)), tau, 1.0)
         ratio = noisy_steps / jnp.where(base > 0, base, 1.0)
-        k = stretch_factor(schedule, tau, target_ess, max_stretch, ratio)
+        needed = stretch_needed(schedule, tau, target_ess, ratio)
+        k = chosen_stretch(needed, max_stretch, jnp.min(ess))
     else:
-        k = 1
+        k, needed = 1, 1
 
     # -- sampling phase ---------------------------------------------------------------------
     info_names = None
@@ -301,7 +304,7 @@ def run_chain(kernel: Callable, state, key: Array, *, num_burnin: int, schedule:
     peak_step = schedule.peak * eps if schedule.exploration is not None else base
     return ChainOutput(state, draws, means, finite, mult_end * peak_step, max_noisy * mult_end,
                        restarts, s_restarts, jnp.asarray(k, jnp.int32),
-                       coef if noise is not None else None, draw_steps)
+                       coef if noise is not None else None, draw_steps, jnp.asarray(needed, jnp.int32))
 
 
 

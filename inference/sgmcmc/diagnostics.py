@@ -50,7 +50,9 @@ def chain_diagnostics(out) -> dict:
     (``finite`` is its negation; failures of an adapted chain are rolled back and counted in
     ``burnin_restarts`` / ``sampling_restarts``); ess: the smallest per-coordinate effective
     sample size of the draws; step_size: the (peak) step of the sampling phase; stretch: the
-    factor by which the sampling phase was lengthened to reach ``target_ess``. Per draw
+    factor by which the sampling phase was lengthened to reach ``target_ess``; stretch_needed: the
+    factor the pilot asked for, uncapped (above twice ``max_stretch`` the target is out of reach
+    and the run keeps its length: ``stretch`` 1). Per draw
     (:data:`~fedprob.protocols.DRAW_STATS`): ``step_size``, the step that produced the draw
     (the schedule's, after the cap and rollback halvings): S scalars per chain, a 1/d share
     of the draws' own memory.
@@ -64,6 +66,7 @@ def chain_diagnostics(out) -> dict:
         "burnin_restarts": out.restarts,
         "sampling_restarts": out.sampling_restarts,
         "stretch": out.stretch,
+        "stretch_needed": out.stretch if out.stretch_needed is None else out.stretch_needed,
         DRAW_STATS: {"step_size": jnp.asarray(out.draw_steps, jnp.result_type(float))},
     }
 

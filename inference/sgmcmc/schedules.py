@@ -16,6 +16,25 @@ short pilot is biased low and the stretch tends to ``max_stretch`` (cyclical
 SGHMC on a 650-parameter softmax regression with 12 draws: 10 times the
 sampling steps for about the same ESS); pass ``target_ess=0`` where a fixed
 number of steps matters more than the ESS.
+
+A target out of reach is not chased. Where the pilot asks for more than
+``REACH * max_stretch`` (twice the cap), even the longest run would reach
+less than half of the target by the pilot's own estimate; and where the
+pilot's worst coordinate has fewer than ``MIN_PILOT_ESS`` (5) effective
+records, the pilot is shorter than a few of its autocorrelation times and
+only bounds them from below, so a request above the cap is a lower bound.
+In both cases the sampling phase keeps its length (``stretch`` 1) and
+``stretch_needed`` reports what the pilot asked for (a request within the
+cap is always granted). Measured: on the digits demo
+(``PredictiveBayes(client=CyclicalSGHMC())``, 10 clients of a 650-parameter
+softmax regression) the pilot asked for 27 on every client (pilot ESS
+2.7 of 50 records); stretched to 10 the smallest ESS of 100 draws went from
+2.8-3.2 to 3.7-6.9 for ten times the sampling steps (test accuracy 0.778 ->
+0.769, NLL 0.647 -> 0.641). SGLD on a regression with an all-zero input
+column (tests/test_sgmcmc_defaults.py): the pilot asked for 19 (pilot ESS
+4.0 of 100); stretched to 10, an ESS of 5.9 against the target's 100.
+SGLD on ill-conditioned shifted clients (pilot ESS 7.5 of 100, asking for
+11) is stretched to 10 and its ESS more than doubles.
 """
 from __future__ import annotations
 
@@ -47,6 +66,11 @@ EXPLORATION_LOOSENESS = EARLY_LOOSENESS
 #: mode; for an AR(1)-like chain the variance deficit decays like exp(-4 t / tau) and the
 #: offset of the mean like exp(-2 t / tau) (0.25% and 5% left at t = 1.5 tau).
 CYCLE_RELAXATIONS = 1.5
+#: A target is out of reach (not chased) where the pilot asks for more than ``REACH * max_stretch``,
+#: or for more than ``max_stretch`` with fewer than ``MIN_PILOT_ESS`` effective records in its worst
+#: coordinate (a pilot that short only bounds the autocorrelation time from below).
+REACH = 2
+MIN_PILOT_ESS = 5.0
 #: The pilot's tau is multiplied by this before the stretch is chosen: the ESS estimate of
 #: a short pilot is noisy, and the target is a floor.
 ESS_SAFETY = 1.5
@@ -166,6 +190,26 @@ def stretch_factor(schedule: Schedule, tau: Array, target_ess: float, max_stretc
     return jnp.clip(jnp.ceil(need), 1, max_stretch).astype(jnp.int32)
 
 
+def stretch_needed(schedule: Schedule, tau: Array, target_ess: float, step_ratio: Array) -> Array:
+    """The stretch the pilot asks for with no cap (:func:`stretch_factor` without ``max_stretch``),
+    an int32 at most ``2**30`` (a pilot with a frozen coordinate asks for that)."""
+    big = 2 ** 30
+    return stretch_factor(schedule, jnp.minimum(tau, float(big)), target_ess, big, step_ratio)
 
-__all__ = ["Schedule", "constant_schedule", "cyclical_schedule", "stretch_factor", "resolve_target_ess",
+
+def chosen_stretch(needed: Array, max_stretch: int, pilot_ess=None) -> Array:
+    """The stretch used: ``needed`` capped at ``max_stretch``, and 1 (no stretch) where the target is out
+    of reach: ``needed > REACH * max_stretch``, or ``needed > max_stretch`` from a pilot whose worst
+    coordinate has fewer than ``MIN_PILOT_ESS`` effective records (``pilot_ess``; its ``needed`` is then a
+    lower bound). Module docstring."""
+    k = jnp.minimum(needed, max_stretch)
+    out = needed > REACH * max_stretch
+    if pilot_ess is not None:
+        out = out | ((needed > max_stretch) & (pilot_ess < MIN_PILOT_ESS))
+    return jnp.where(out, 1, k).astype(jnp.int32)
+
+
+
+__all__ = ["Schedule", "constant_schedule", "cyclical_schedule", "stretch_factor", "stretch_needed",
+           "chosen_stretch", "resolve_target_ess", "REACH", "MIN_PILOT_ESS",
            "PILOT_EVERY", "EXPLORATION_LOOSENESS", "CYCLE_RELAXATIONS", "ESS_SAFETY", "EQUILIBRATE"]
