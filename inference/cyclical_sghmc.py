@@ -108,9 +108,9 @@ class CyclicalSGHMC(Sampler):
     target_ess, max_stretch: the cycle length is multiplied by an integer
         up to ``max_stretch`` so that each cycle's noisy phase covers a few
         pilot autocorrelation times and the draws reach ``target_ess``
-        effective draws (``None``: half the draws; 0: off); not stretched
-        where the pilot asks for more than twice ``max_stretch`` (out of
-        reach: ``stretch_needed`` reports it).
+        effective draws (``None``: half the draws; 0: off); a target out of
+        reach is not chased (as in :class:`~fedprob.inference.SGLD`;
+        ``stretch_needed`` reports what the pilot asked for).
 
     Draws: ``num_cycles * samples_per_cycle``. Diagnostics: ``grad_norm``,
     ``log_density`` and ``kinetic_temperature`` averaged over the noisy

@@ -134,10 +134,11 @@ class SGLD(ThinnedSampler):
     target_ess, max_stretch: effective-sample-size target of the draws (worst
         coordinate; ``None``: half of ``num_samples``; 0: off); the thinning
         is multiplied by an integer up to ``max_stretch``, chosen from a pilot
-        autocorrelation estimate of the second half of burn-in; a target the
-        pilot puts beyond twice ``max_stretch`` is out of reach and the run
-        keeps its length (``stretch`` 1, ``stretch_needed`` says what it
-        asked for). To raise a client's ESS raise ``num_samples`` and
+        autocorrelation estimate of the second half of burn-in; a target out
+        of reach (the pilot asks for more than twice ``max_stretch``, or for
+        more than ``max_stretch`` while too short to resolve its slowest
+        coordinate) is not chased: the run keeps its length (``stretch`` 1,
+        ``stretch_needed`` says what was asked for; :mod:`.sgmcmc.schedules`). To raise a client's ESS raise ``num_samples`` and
         ``target_ess`` (and ``max_stretch``).
     num_chains: independent chains per client (vmapped over chain keys by the
         one-round methods; draws are stacked chain-major, so client R-hat is real).

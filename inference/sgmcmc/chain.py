@@ -52,7 +52,7 @@ class ChainOutput(NamedTuple):
                                          # step at the end of burn-in (None without ``noise``)
     draw_steps: Optional[Array] = None   # (num_samples,) the step of each draw's last step
     stretch_needed: Optional[Array] = None  # () the stretch the pilot asked for, uncapped (1 without
-                                            # a pilot); above REACH * max_stretch the run is not stretched
+                                            # a pilot); out of reach, the run is not stretched
 
 
 

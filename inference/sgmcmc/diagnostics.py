@@ -51,8 +51,8 @@ def chain_diagnostics(out) -> dict:
     ``burnin_restarts`` / ``sampling_restarts``); ess: the smallest per-coordinate effective
     sample size of the draws; step_size: the (peak) step of the sampling phase; stretch: the
     factor by which the sampling phase was lengthened to reach ``target_ess``; stretch_needed: the
-    factor the pilot asked for, uncapped (above twice ``max_stretch`` the target is out of reach
-    and the run keeps its length: ``stretch`` 1). Per draw
+    factor the pilot asked for, uncapped (where that is out of reach the run keeps its length,
+    ``stretch`` 1: :mod:`.schedules`). Per draw
     (:data:`~fedprob.protocols.DRAW_STATS`): ``step_size``, the step that produced the draw
     (the schedule's, after the cap and rollback halvings): S scalars per chain, a 1/d share
     of the draws' own memory.

@@ -190,8 +190,7 @@ class Sampler(SGMCMC):
         coordinate; ``None``: half of the draws; 0: off); the sampling phase is
         lengthened by an integer factor up to ``max_stretch``, chosen from a
         pilot autocorrelation estimate of the second half of burn-in, and kept
-        at 1 where the pilot asks for more than twice ``max_stretch`` (out of
-        reach; see :mod:`.schedules`). To raise a client's ESS raise the number of draws
+        at 1 where the target is out of reach (see :mod:`.schedules`). To raise a client's ESS raise the number of draws
         and ``target_ess`` (and ``max_stretch``).
     num_chains: independent chains per client (vmapped over chain keys by the
         one-round methods; draws are stacked chain-major, so client R-hat is real).

@@ -12,10 +12,11 @@ smallest per-coordinate ESS of the draws (what an aggregator needs), and
 ``num_samples`` and ``target_ess`` (and ``max_stretch`` if ``stretch``
 sits at it). Cost: the stretch multiplies the sampling steps (not the cost of a
 step). With many parameters and few draws the smallest per-coordinate ESS of a
-short pilot is biased low and the stretch tends to ``max_stretch`` (cyclical
-SGHMC on a 650-parameter softmax regression with 12 draws: 10 times the
-sampling steps for about the same ESS); pass ``target_ess=0`` where a fixed
-number of steps matters more than the ESS.
+short pilot is biased low and its request large (cyclical SGHMC on a
+650-parameter softmax regression: 27 times the sampling steps, which the cap
+of 10 turned into ten times the steps for about the same ESS): such a request
+is out of reach (below). Pass ``target_ess=0`` where a fixed number of steps
+matters more than the ESS.
 
 A target out of reach is not chased. Where the pilot asks for more than
 ``REACH * max_stretch`` (twice the cap), even the longest run would reach
