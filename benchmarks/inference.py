@@ -32,8 +32,12 @@ Timing: ``jax.block_until_ready``; every function is called once first
 (compile excluded); then the functions of a table are called in turn,
 ``repeats`` rounds, and each one's median (and best) wall time is kept.
 Interleaving spreads load changes of a shared machine over all of them.
+Every speed table also gives rates (steps or client-steps per second) and the fraction of the
+device's measured copy bandwidth that the floor step's bytes take at that rate
+(benchmarks/device_speed.py). The script runs unchanged on a GPU and then writes its results as
+``inference_<device>`` (``inference_nvidia_h200``) beside the CPU ones.
 Prints Markdown tables and writes benchmarks/results/inference.{json,md}
-(not with --quick). Usage: python benchmarks/inference.py [--quick]
+(not with --quick). Usage: python benchmarks/inference.py [--quick] [--sections steps,clients,...]
 """
 from __future__ import annotations
 
@@ -54,7 +58,8 @@ from fedprob.inference import IASG, NUTS, SGHMC, SGLD, CyclicalSGHMC
 from fedprob.potential import Potential, make_target
 
 sys.path.insert(0, str(Path(__file__).parent))
-from floor import FLOOR, GRADIENT, floor_scans  # noqa: E402  (benchmarks/ is not a package)
+from device_speed import bandwidth_fraction, device_facts, result_stem, step_bytes  # noqa: E402
+from floor import FLOOR, GRADIENT, floor_scans, floor_steps  # noqa: E402  (benchmarks/ is not a package)
 
 
 def interleaved_times(fns: dict, repeats: int, warmup: bool = True) -> tuple:
@@ -125,8 +130,10 @@ def samplers(n: int, steps: int, batch: int, quick: bool) -> dict:
 
 
 def step_vs_gradient(model_name: str, model, X, y, batch: int, steps: int, repeats: int, quick: bool,
-                     adapted: bool = False) -> list:
-    """Time per step of each sampler, of the bare minibatch gradient and of gradient + N(0, I) noise."""
+                     copy_GB_per_s: float, adapted: bool = False) -> list:
+    """Time per step of each sampler, of the bare minibatch gradient and of gradient + N(0, I) noise;
+    steps per second and the fraction of the device's copy bandwidth that the floor step's bytes
+    (XLA's bytes accessed of one gradient + noise step) take at the sampler's rate."""
     pot, target = one_client(X, y, model)
     key = jax.random.PRNGKey(0)
     z0 = pot.init(key) * 0.1
@@ -144,15 +151,21 @@ def step_vs_gradient(model_name: str, model, X, y, batch: int, steps: int, repea
     med, _, _ = interleaved_times(fns, repeats)
     t = {name: v / steps for name, v in med.items()}
     t_grad, t_noise = t.pop(GRADIENT), t.pop(FLOOR)
+    nbytes = step_bytes(floor_steps(pot, batch)[FLOOR], z0, target, key)
     return [{"model": model_name, "d": pot.dim, "batch": batch, "sampler": name, "steps": steps,
              "step_us": 1e6 * v, "bare_gradient_us": 1e6 * t_grad, "step_over_gradient": v / t_grad,
-             "gradient_plus_noise_us": 1e6 * t_noise, "step_over_gradient_plus_noise": v / t_noise}
+             "gradient_plus_noise_us": 1e6 * t_noise, "step_over_gradient_plus_noise": v / t_noise,
+             "steps_per_s": 1 / v, "floor_bytes_per_step": nbytes,
+             "bandwidth_fraction": bandwidth_fraction(nbytes, v, copy_GB_per_s)}
             for name, v in t.items()]
 
 
 # -- 2. vmapped clients vs Python loop ---------------------------------------------------------
 
-def clients_vs_loop(X, y, K: int, steps: int, repeats: int, batch: int = 32) -> dict:
+def clients_vs_loop(X, y, K: int, steps: int, repeats: int, copy_GB_per_s: float, batch: int = 32) -> dict:
+    """SGHMC over ``K`` iid clients of the digits: one vmapped call against a Python loop of jitted
+    single-client runs; client-steps per second of both, and the fraction of the copy bandwidth that
+    the floor step's bytes take at the vmapped rate."""
     fed = fp.data.partition(X, y, num_clients=K, scheme="iid", seed=0)
     pot = Potential(fp.models.softmax_regression(num_classes=10), fed.X[0], fed.y[0])
     targets = jax.vmap(lambda d: make_target(d, pot.dim))(fed.client_data())
@@ -167,10 +180,15 @@ def clients_vs_loop(X, y, K: int, steps: int, repeats: int, batch: int = 32) -> 
     fns = {"vmapped": lambda: jax.block_until_ready(vmapped(key, targets, inits)),
            "loop": lambda: jax.block_until_ready([one(keys[i], per_client[i], inits[i]) for i in range(K)])}
     med, best, _ = interleaved_times(fns, repeats)
+    rate = K * steps / med["vmapped"]
+    nbytes = step_bytes(floor_steps(pot, batch)[FLOOR], inits[0], per_client[0], key)
     return {"backend": "SGHMC", "clients": K, "rows_per_client": int(fed.sizes.max()), "steps": steps,
             "batch": batch, "vmapped_ms": 1e3 * med["vmapped"], "python_loop_ms": 1e3 * med["loop"],
             "loop_over_vmapped": med["loop"] / med["vmapped"],
-            "loop_over_vmapped_best": best["loop"] / best["vmapped"]}
+            "loop_over_vmapped_best": best["loop"] / best["vmapped"],
+            "client_steps_per_s": rate, "loop_client_steps_per_s": K * steps / med["loop"],
+            "floor_bytes_per_client_step": nbytes,
+            "bandwidth_fraction": bandwidth_fraction(nbytes, 1 / rate, copy_GB_per_s)}
 
 
 # -- 3. ESS per second --------------------------------------------------------------------------
@@ -316,13 +334,24 @@ def ess_per_gradient(quick: bool, batch: int = 32) -> list:
     return rows
 
 
+SECTIONS = ("steps", "clients", "ess", "ess_per_gradient")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="any of " + ", ".join(SECTIONS) + "; a subset writes inference_<sections>.{json,md}")
     args = p.parse_args(argv)
+    chosen = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     quick = args.quick
     reps = 3 if quick else 9
+    facts = device_facts(2**26 if quick else None)       # the device and its measured copy bandwidth
+    bw = facts["copy_GB_per_s"]
     ds = fp.data.load_digits()
     X, y = ds.X_train, ds.y_train
     t0, c0 = time.perf_counter(), time.process_time()
@@ -334,35 +363,49 @@ def main(argv=None):
         marks.append((t, c))
 
     softmax = fp.models.softmax_regression(num_classes=10)
-    if quick:
-        step_rows = step_vs_gradient("softmax_regression", softmax, X, y, 32, 200, reps, quick)
+    step_rows, client_rows, ess_rows, grad_rows = [], [], [], []
+    if "steps" not in chosen:
+        pass
+    elif quick:
+        step_rows = step_vs_gradient("softmax_regression", softmax, X, y, 32, 200, reps, quick, bw)
     else:
-        step_rows = step_vs_gradient("softmax_regression", softmax, X, y, 32, 2000, reps, False, adapted=True)
-        step_rows += step_vs_gradient("softmax_regression", softmax, X, y, 256, 1000, reps, False)
+        step_rows = step_vs_gradient("softmax_regression", softmax, X, y, 32, 2000, reps, False, bw, adapted=True)
+        step_rows += step_vs_gradient("softmax_regression", softmax, X, y, 256, 1000, reps, False, bw)
         step_rows += step_vs_gradient("bnn_mlp(100)", fp.models.bnn_mlp(hidden_sizes=(100,), num_classes=10),
-                                      X, y, 32, 1000, 5, False)
+                                      X, y, 32, 1000, 5, False, bw)
     mark("steps")
-    client_rows = [clients_vs_loop(X, y, K, 100 if quick else 400, 5 if quick else reps)
-                   for K in ((10,) if quick else (10, 50))]
+    if "clients" in chosen:
+        client_rows = [clients_vs_loop(X, y, K, 100 if quick else 400, 5 if quick else reps, bw)
+                       for K in ((10,) if quick else (10, 50))]
     mark("clients")
-    ess_rows = ess_per_second(quick, 1 if quick else 3)
+    if "ess" in chosen:
+        ess_rows = ess_per_second(quick, 1 if quick else 3)
     mark("ess")
-    grad_rows = ess_per_gradient(quick)
+    if "ess_per_gradient" in chosen:
+        grad_rows = ess_per_gradient(quick)
     mark("ess_per_gradient")
 
     meta = {"backend": jax.default_backend(), "devices": str(jax.devices()), "cpu_count": os.cpu_count(),
+            "device": facts["device"], "copy_GB_per_s": bw, "chosen_sections": chosen,
             "python": platform.python_version(), "jax": jax.__version__,
             "numpyro": __import__("numpyro").__version__, "quick": quick,
             "total_wall_s": round(time.perf_counter() - t0, 1),
             "total_cpu_s": round(time.process_time() - c0, 1), "sections": sections,
             "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None}
-    md = ["## SG-MCMC step vs bare minibatch gradient (one client; limit 1.0, target <= 1.3)", "",
+    md = [f"Device: {facts['device']} ({facts['backend']}), measured copy bandwidth {bw} GB/s "
+          "(benchmarks/device_speed.py).", "",
+          "## SG-MCMC step vs bare minibatch gradient (one client; limit 1.0, target <= 1.3)", "",
           fp.report.format_table(step_rows), "",
           "step_over_gradient_plus_noise: against the gradient plus one N(0, I) draw over the flat vector "
-          "(the floor for a noise-injecting sampler; IASG injects none).", "",
+          "(the floor for a noise-injecting sampler; IASG injects none). floor_bytes_per_step: XLA's bytes "
+          "accessed of one gradient + noise step (an upper estimate of its traffic: a gather is charged its "
+          "whole operand); bandwidth_fraction: those bytes at the sampler's steps_per_s over the measured "
+          "copy bandwidth.", "",
           "## Vmapped clients vs Python loop over clients (SGHMC, softmax regression, d = 650)", "",
           fp.report.format_table(client_rows), "",
-          "loop_over_vmapped from medians; _best from the fastest repeat of each.", "",
+          "loop_over_vmapped from medians; _best from the fastest repeat of each; client_steps_per_s: clients x "
+          "steps / the vmapped call's time (loop_client_steps_per_s: the loop's); bandwidth_fraction: the "
+          "floor step's bytes at the vmapped rate over the measured copy bandwidth.", "",
           "## ESS per second (logistic regression, vmapped chains, wall time includes warm-up / burn-in)", "",
           fp.report.format_table(ess_rows), "",
           "Moment errors are against the NUTS draws of the same run (max over parameters of "
@@ -379,9 +422,10 @@ def main(argv=None):
     if not quick:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "inference.json").write_text(json.dumps(
+        stem = result_stem("inference" if chosen == list(SECTIONS) else "inference_" + "_".join(chosen))
+        (out / f"{stem}.json").write_text(json.dumps(
             {"steps": step_rows, "clients": client_rows, "ess": ess_rows, "ess_per_gradient": grad_rows, "meta": meta}, indent=2))
-        (out / "inference.md").write_text(text + "\n")
+        (out / f"{stem}.md").write_text(text + "\n")
     return {"steps": step_rows, "clients": client_rows, "ess": ess_rows, "ess_per_gradient": grad_rows, "meta": meta}
 
 

@@ -47,6 +47,11 @@ excluded); then the functions of a table are called in turn for ``repeats``
 rounds, and each one's median and best wall time kept; ratios are of
 medians (and of bests). The results are of a CPU shared with other work
 (see ``meta``): only the ratios, measured side by side, are comparable.
+Every table also gives rates (client-steps per second, steps per second) and the fraction of
+the device's measured copy bandwidth that the floor step's bytes take at that rate
+(benchmarks/device_speed.py). The script runs unchanged on a GPU: there the sampler steps are
+timed by wall clock, and the results are written as ``scale_<device>`` (``scale_nvidia_h200``)
+beside the CPU ones.
 Prints Markdown tables; the full run writes benchmarks/results/scale.{json,md}.
 ``--sections steps`` (any of orchestration, clients, memory, steps) runs only those and writes
 ``scale_<sections>.{json,md}`` instead. Usage: python benchmarks/scale.py [--quick] [--out DIR]
@@ -75,7 +80,8 @@ from fedprob.potential import make_target
 from fedprob.run import get_potential
 
 sys.path.insert(0, str(Path(__file__).parent))
-from floor import FLOOR, GRADIENT, floor_scans  # noqa: E402  (benchmarks/ is not a package)
+from device_speed import bandwidth_fraction, device_facts, result_stem, step_bytes  # noqa: E402
+from floor import FLOOR, GRADIENT, floor_scans, floor_steps  # noqa: E402  (benchmarks/ is not a package)
 
 
 def interleaved_times(fns: dict, repeats: int) -> tuple:
@@ -213,8 +219,10 @@ def sgld_clients(steps: int) -> SGLD:
                 target_ess=0)
 
 
-def client_scaling(counts, chunks: dict, steps: int, repeats: int) -> tuple:
-    """Rows of seconds per round / us per client-step; also returns the runs (for the memory table)."""
+def client_scaling(counts, chunks: dict, steps: int, repeats: int, copy_GB_per_s: float) -> tuple:
+    """Rows of seconds per round / us per client-step / client-steps per second and the fraction of the
+    device's copy bandwidth that the floor step's bytes (benchmarks/device_speed.py) at that rate take;
+    also returns the runs (for the memory table)."""
     model = fp.models.logistic_regression()
     algo = fp.algorithms.OneShotAverage(client=sgld_clients(steps))
     feds = {K: synthetic_logistic(K, 20) for K in counts}
@@ -226,13 +234,21 @@ def client_scaling(counts, chunks: dict, steps: int, repeats: int) -> tuple:
         return f
 
     ts, last = interleaved_times({K: run_of(K) for K in counts}, repeats)
+    one = feds[counts[0]]
+    pot = get_potential(model, one)
+    target = make_target(jax.tree_util.tree_map(lambda a: a[0], one.client_data()), pot.dim)
+    nbytes = step_bytes(floor_steps(pot, 8)[FLOOR], pot.init(jax.random.PRNGKey(0)), target,
+                        jax.random.PRNGKey(0))
     rows = []
     for K in counts:
         t = med(ts[K])
+        rate = K * steps / t
         rows.append({"clients": K, "client_chunk": chunks.get(K) or "-", "steps": steps, "batch": 8,
                      "round_s": t, "round_best_s": min(ts[K]),
                      "us_per_client_step": 1e6 * t / (K * steps),
                      "us_per_client_step_best": 1e6 * min(ts[K]) / (K * steps),
+                     "client_steps_per_s": rate, "floor_bytes_per_client_step": nbytes,
+                     "bandwidth_fraction": bandwidth_fraction(nbytes, 1 / rate, copy_GB_per_s),
                      "compile_s": float(last[K].compile_time)})
     base = rows[0]["us_per_client_step"]
     for r in rows:
@@ -349,10 +365,13 @@ def cpu_and_wall(fn):
 
 
 def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats: int, names,
-                  scale: float = 1.0, direct: bool = True) -> list:
-    """Per-step CPU time (primary: robust to other work on a shared machine) and wall time of each
-    sampler through fp.run (and jitted on its own, and vmapped over the batch of one client as
-    fp.run ran it before one client ran unbatched) against the bare gradient and the floor."""
+                  copy_GB_per_s: float, scale: float = 1.0, direct: bool = True) -> list:
+    """Per-step time of each sampler through fp.run (and jitted on its own, and vmapped over the batch
+    of one client as fp.run ran it before one client ran unbatched) against the bare gradient and the
+    floor. The primary clock is process CPU time on a CPU backend (robust to other work on a shared
+    machine) and wall time on an accelerator (where the host mostly waits); wall-time ratios are kept
+    beside it. Steps per second and the fraction of the device's copy bandwidth that the floor step's
+    bytes take at the sampler's rate (benchmarks/device_speed.py) are of the primary clock."""
     fed = fp.data.FederatedData.from_clients([(X, y)], num_classes=int(y.max()) + 1)
     pot = get_potential(model, fed)
     data = jax.tree_util.tree_map(lambda a: a[0], fed.client_data())
@@ -387,24 +406,28 @@ def sampler_steps(model_name: str, model, X, y, batch: int, steps: int, repeats:
             wall[name].append(w)
             last[name] = out if out is not None else last[name]
     g, fl = GRADIENT, FLOOR
+    clock, tm = ("process CPU", cpu) if jax.default_backend() == "cpu" else ("wall", wall)
+    nbytes = step_bytes(floor_steps(pot, batch)[FLOOR], z0, target, key)
     rows = []
     for name in names:
-        t = med(cpu[name])
+        t = med(tm[name])
         row = {"model": model_name, "d": pot.dim, "batch": batch, "sampler": name, "steps": steps,
-               "step_cpu_us": 1e6 * t / steps, "bare_gradient_cpu_us": 1e6 * med(cpu[g]) / steps,
-               "floor_cpu_us": 1e6 * med(cpu[fl]) / steps,
-               "over_gradient": t / med(cpu[g]), "over_floor": t / med(cpu[fl]),
-               "over_floor_best": min(cpu[name]) / min(cpu[fl]),
-               "over_floor_wall": med(wall[name]) / med(wall[fl])}
+               "clock": clock, "step_us": 1e6 * t / steps, "bare_gradient_us": 1e6 * med(tm[g]) / steps,
+               "floor_us": 1e6 * med(tm[fl]) / steps,
+               "over_gradient": t / med(tm[g]), "over_floor": t / med(tm[fl]),
+               "over_floor_best": min(tm[name]) / min(tm[fl]),
+               "over_floor_wall": med(wall[name]) / med(wall[fl]),
+               "steps_per_s": steps / t, "floor_bytes_per_step": nbytes,
+               "bandwidth_fraction": bandwidth_fraction(nbytes, t / steps, copy_GB_per_s)}
         if direct:
             d, v = name + " (progress)", name + " (vmapped)"
-            row |= {"progress_over_gradient": med(cpu[d]) / med(cpu[g]),
-                    "progress_over_floor": med(cpu[d]) / med(cpu[fl]),
-                    "progress_over_floor_best": min(cpu[d]) / min(cpu[fl]),
-                    "vmapped_over_gradient": med(cpu[v]) / med(cpu[g]),
-                    "vmapped_over_floor": med(cpu[v]) / med(cpu[fl]),
-                    "vmapped_over_floor_best": min(cpu[v]) / min(cpu[fl])}
-        rows.append(row | {"floor_over_gradient": med(cpu[fl]) / med(cpu[g]),
+            row |= {"progress_over_gradient": med(tm[d]) / med(tm[g]),
+                    "progress_over_floor": med(tm[d]) / med(tm[fl]),
+                    "progress_over_floor_best": min(tm[d]) / min(tm[fl]),
+                    "vmapped_over_gradient": med(tm[v]) / med(tm[g]),
+                    "vmapped_over_floor": med(tm[v]) / med(tm[fl]),
+                    "vmapped_over_floor_best": min(tm[v]) / min(tm[fl])}
+        rows.append(row | {"floor_over_gradient": med(tm[fl]) / med(tm[g]),
                            "finite": bool(last[name].history[0].get("client_finite", 1.0) > 0)})
     return rows
 
@@ -426,6 +449,8 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     quick = args.quick
+    facts = device_facts(2**26 if quick else None)       # the device and its measured copy bandwidth
+    bw = facts["copy_GB_per_s"]
     t0, c0 = time.perf_counter(), time.process_time()
     sections, marks = {}, [(t0, c0)]
 
@@ -457,7 +482,8 @@ def main(argv=None):
     counts = (10, 100) if quick else (10, 100, 1000, 10000)
     chunks = {100: 10} if quick else {10000: 1000}
     if "clients" in chosen or "memory" in chosen:
-        clients, (algo, model, feds) = client_scaling(counts, chunks, steps, 2 if quick else 3)
+        clients, (algo, model, feds) = client_scaling(counts, chunks, steps, 2 if quick else 3,
+                                                      facts["copy_GB_per_s"])
     mark("clients")
 
     # --quick: the two phases compiled above (each compile of an SG-MCMC client phase takes seconds)
@@ -476,23 +502,30 @@ def main(argv=None):
     if "steps" not in chosen:
         pass
     elif quick:
-        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 400, 3, ("SGLD",), direct=False)
+        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 400, 3, ("SGLD",), bw, direct=False)
     else:
         names = ("SGLD", "SGHMC", "CyclicalSGHMC")
-        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 20000, 7, names)
-        step_rows += sampler_steps("bnn_mlp(100)", mlp, X, y, 256, 1000, 5, names, scale=0.1)
-        step_rows += sampler_steps("cnn(8, 16)", fp.models.cnn(num_classes=10), X, y, 256, 200, 5, names,
+        step_rows = sampler_steps("softmax_regression", softmax, X, y, 64, 20000, 7, names, bw)
+        step_rows += sampler_steps("bnn_mlp(100)", mlp, X, y, 256, 1000, 5, names, bw, scale=0.1)
+        step_rows += sampler_steps("cnn(8, 16)", fp.models.cnn(num_classes=10), X, y, 256, 200, 5, names, bw,
                                    scale=0.1)
     mark("steps")
 
+    on_cpu = jax.default_backend() == "cpu"
     meta = {"backend": jax.default_backend(), "devices": str(jax.devices()), "cpu_count": os.cpu_count(),
+            "device": facts["device"], "copy_GB_per_s": bw,
             "python": platform.python_version(), "jax": jax.__version__, "quick": quick, "sections": chosen,
-            "shared_machine": "2 CPU cores shared with other work during the run: absolute times are "
-                              "noisy, only the side-by-side ratios compare",
+            "shared_machine": (f"{os.cpu_count()} CPU cores shared with other work during the run: absolute times "
+                               "are noisy, only the side-by-side ratios compare") if on_cpu else
+                              (f"one {facts['device']} (not shared), {os.cpu_count()} host CPU cores; sampler steps "
+                               "timed by wall clock"),
             "total_wall_s": round(time.perf_counter() - t0, 1),
             "total_cpu_s": round(time.process_time() - c0, 1), "section_times": sections,
             "load_average": [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None}
-    md = ["# Scale (CPU shared with other work: compare ratios, not absolute times)", "",
+    md = [("# Scale (CPU shared with other work: compare ratios, not absolute times)" if on_cpu else
+           f"# Scale on {facts['device']}"), "",
+          f"Device: {facts['device']} ({facts['backend']}), measured copy bandwidth {bw} GB/s "
+          "(benchmarks/device_speed.py: a jitted x + 1 over 1 GiB on an accelerator, 256 MiB on a CPU).", "",
           "## 1. Per-round orchestration: local engine vs Flower simulation "
           "(FedAvg, 5 local steps, logistic regression, 50 rows per client)", "",
           fp.report.format_table(orch), ""]
@@ -506,7 +539,10 @@ def main(argv=None):
            "20 rows per client)", "",
            fp.report.format_table(clients), "",
            "round_s: client phase + server round of a run whose functions are compiled; "
-           "per_client_step_vs_first: us per client-step relative to the 10-client row.", "",
+           "per_client_step_vs_first: us per client-step relative to the 10-client row; client_steps_per_s: "
+           "clients x steps / round_s; floor_bytes_per_client_step: XLA's bytes accessed of one gradient + "
+           "noise step on one client (an upper estimate of its traffic: a gather is charged its whole operand); "
+           "bandwidth_fraction: those bytes at that rate over the measured copy bandwidth.", "",
            "## 3. Memory of the compiled client phase, with and without client_chunk", "",
            fp.report.format_table(memory), "",
            "argument/output/temp: the compiler's memory_analysis() of the client phase (deterministic). "
@@ -515,10 +551,13 @@ def main(argv=None):
               "run_rss_MB: the difference." if not quick else ""), "",
            "## 4. Sampler step vs bare minibatch gradient and vs gradient + N(0, I) (one client, digits)", "",
            fp.report.format_table(step_rows), "",
-           "over_gradient / over_floor: sampler CPU time per step (through fp.run: its compiled client "
+           "over_gradient / over_floor: sampler time per step (through fp.run: its compiled client "
            "phase call, compile excluded) over the bare gradient / gradient + one N(0, I) draw over the flat "
-           "vector; process CPU time, medians of interleaved repeats (_best: fastest repeats; _wall: wall-time "
-           "medians, inflated by the other work on the machine). over_*: fp.run(progress=False), whose client "
+           "vector, by the clock named in `clock` (process CPU time on a CPU, wall time on an accelerator), "
+           "medians of interleaved repeats (_best: fastest repeats; _wall: wall-time "
+           "medians, on a CPU inflated by the other work on the machine); steps_per_s and bandwidth_fraction "
+           "(floor_bytes_per_step, XLA's bytes accessed of one gradient + noise step, at the sampler's rate over "
+           "the measured copy bandwidth) by the same clock. over_*: fp.run(progress=False), whose client "
            "phase is compiled without the chains' progress reports; progress_*: fp.run(progress=True) (a bar, "
            "about 25 host calls per chain); vmapped_*: the client phase vmapped over the batch of one client, "
            "with the reports, as fp.run ran it before (before / after: vmapped_over_floor / over_floor and "
@@ -532,7 +571,7 @@ def main(argv=None):
     if not quick:
         d = Path(args.out)
         d.mkdir(parents=True, exist_ok=True)
-        stem = "scale" if chosen == list(SECTIONS) else "scale_" + "_".join(chosen)
+        stem = result_stem("scale" if chosen == list(SECTIONS) else "scale_" + "_".join(chosen))
         (d / f"{stem}.json").write_text(json.dumps(out, indent=2, default=str))
         (d / f"{stem}.md").write_text(text + "\n")
     return out

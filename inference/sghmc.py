@@ -62,6 +62,36 @@ def sghmc_step(key, state: SGHMCState, grad, step_size, friction, temperature=1.
     return SGHMCState(state.position + v, v)
 
 
+def sghmc_step_where(key, state: SGHMCState, grad, step_size, friction, temperature, noisy) -> SGHMCState:
+    """:func:`sghmc_step` at ``temperature`` where the traced bool ``noisy`` holds, else at 0 (momentum
+    SGD: cyclical SGHMC's exploration steps). The same numbers either way it is compiled:
+
+    * on a CPU, a conditional skips the N(0, I) draw of the noise-free steps (a threefry draw costs
+      about a small model's minibatch gradient there);
+    * elsewhere (GPU, TPU) the step always draws and scales the noise by ``noisy``: a conditional
+      inside the step loop costs more there than the draw (on an H200, cyclical SGHMC's step, the
+      conditional included, took 2.0 times plain SGHMC's: benchmarks/results/inference_steps_nvidia_h200.md).
+
+    At temperature 0 the noise term is exactly zero (``0 * xi``), so both give the same state."""
+
+    def on(step):
+        return lambda k, s, g, eta, n: step(k, s, g, eta, friction, temperature, n)
+
+    return jax.lax.platform_dependent(key, state, grad, step_size, noisy, cpu=on(sghmc_step_skipping_draw),
+                                      default=on(sghmc_step_scaling_noise))
+
+
+def sghmc_step_skipping_draw(key, state, grad, step_size, friction, temperature, noisy) -> SGHMCState:
+    """:func:`sghmc_step_where` by a conditional: no N(0, I) draw where ``noisy`` is False."""
+    return jax.lax.cond(noisy, lambda: sghmc_step(key, state, grad, step_size, friction, temperature),
+                        lambda: sghmc_step(key, state, grad, step_size, friction, 0.0, draw=False))
+
+
+def sghmc_step_scaling_noise(key, state, grad, step_size, friction, temperature, noisy) -> SGHMCState:
+    """:func:`sghmc_step_where` without a conditional: the temperature times ``noisy`` (0 or 1)."""
+    return sghmc_step(key, state, grad, step_size, friction, temperature * jnp.asarray(noisy, grad.dtype))
+
+
 def kinetic_temperature(momentum, step_size, friction) -> Array:
     """``mean(v^2) (1 - alpha/2) / eta``: the temperature implied by the momentum."""
     return jnp.mean(momentum * momentum) * (1.0 - 0.5 * friction) / step_size
@@ -117,10 +147,7 @@ def sghmc_kernel(vg, friction, temperature, rate=SGHMC_RATE) -> Kernel:
         if isinstance(noisy, bool):
             s = sghmc_step(kn, s, g, eta, friction, temperature * noisy)
         else:
-            # noise-free steps (cyclical exploration) skip the N(0, I) draw; the update is the
-            # one of sghmc_step at temperature 0 (its noise term is exactly zero there)
-            s = jax.lax.cond(noisy, lambda: sghmc_step(kn, s, g, eta, friction, temperature),
-                             lambda: sghmc_step(kn, s, g, eta, friction, 0.0, draw=False))
+            s = sghmc_step_where(kn, s, g, eta, friction, temperature, noisy)
         info = step_info(lp, g, s.position)
         info["kinetic_temperature"] = kinetic_temperature(s.momentum, eta, friction)
         return s, info
@@ -135,5 +162,6 @@ def sghmc_noise_scale(friction, temperature):
     return 1.0 / (2.0 * friction * temperature)
 
 
-__all__ = ["SGHMC", "SGHMCState", "sghmc_init", "sghmc_step", "momentum_step", "kinetic_temperature",
-           "sghmc_kernel", "sghmc_noise_scale", "SGHMC_RATE"]
+__all__ = ["SGHMC", "SGHMCState", "sghmc_init", "sghmc_step", "sghmc_step_where", "sghmc_step_skipping_draw",
+           "sghmc_step_scaling_noise", "momentum_step", "kinetic_temperature", "sghmc_kernel", "sghmc_noise_scale",
+           "SGHMC_RATE"]

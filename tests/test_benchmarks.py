@@ -67,12 +67,17 @@ def test_inference_benchmark_quick(tmp_path):
     assert {r["sampler"] for r in steps} >= {"SGLD", "IASG"}
     for r in steps:
         for k in ("step_us", "bare_gradient_us", "step_over_gradient", "gradient_plus_noise_us",
-                  "step_over_gradient_plus_noise"):
+                  "step_over_gradient_plus_noise", "steps_per_s", "bandwidth_fraction"):
             assert positive_finite(r[k]), (k, r)
+        assert math.isclose(r["steps_per_s"], 1e6 / r["step_us"])
+        assert math.isclose(r["bandwidth_fraction"],
+                            r["floor_bytes_per_step"] * r["steps_per_s"] / (out["meta"]["copy_GB_per_s"] * 1e9))
     assert [r["clients"] for r in out["clients"]] == [10]
     for r in out["clients"]:
-        for k in ("vmapped_ms", "python_loop_ms", "loop_over_vmapped", "loop_over_vmapped_best"):
+        for k in ("vmapped_ms", "python_loop_ms", "loop_over_vmapped", "loop_over_vmapped_best",
+                  "client_steps_per_s", "loop_client_steps_per_s", "bandwidth_fraction"):
             assert positive_finite(r[k]), (k, r)
+        assert math.isclose(r["client_steps_per_s"], 1e3 * r["clients"] * r["steps"] / r["vmapped_ms"])
         # The best-of-repeats ratio: medians on a shared 2-core machine swing by 2x.
         assert r["loop_over_vmapped_best"] > 1 / 1.5, r
     ess = {r["sampler"].split(" ")[0]: r for r in out["ess"]}

@@ -18,6 +18,7 @@ def test_scale_benchmark_quick(tmp_path):
     wall = time.perf_counter() - t0
     assert not any(tmp_path.iterdir())          # --quick writes no result files
     assert out["meta"]["quick"] and "shared" in out["meta"]["shared_machine"]
+    assert out["meta"]["device"] == "cpu" and out["meta"]["copy_GB_per_s"] > 0
     assert "--quick" in out["flower_note"]       # the Flower simulation is skipped and says why
 
     (orch,) = out["orchestration"]
@@ -31,6 +32,10 @@ def test_scale_benchmark_quick(tmp_path):
             assert positive_finite(r[k]), (k, r)
         # us per client-step is the round time over clients * steps
         assert math.isclose(r["us_per_client_step"], 1e6 * r["round_s"] / (r["clients"] * r["steps"]))
+        assert math.isclose(r["client_steps_per_s"], 1e6 / r["us_per_client_step"])
+        assert r["bandwidth_fraction"] > 0 and r["floor_bytes_per_client_step"] > 4 * (8 * 10 + 11)
+        assert math.isclose(r["bandwidth_fraction"], r["floor_bytes_per_client_step"] * r["client_steps_per_s"]
+                            / (out["meta"]["copy_GB_per_s"] * 1e9))
     assert out["clients"][0]["per_client_step_vs_first"] == 1.0
 
     assert len(out["memory"]) == 2
@@ -43,7 +48,13 @@ def test_scale_benchmark_quick(tmp_path):
 
     (step,) = out["steps"]
     assert step["sampler"] == "SGLD" and step["batch"] == 64 and step["finite"]
-    for k in ("step_cpu_us", "bare_gradient_cpu_us", "floor_cpu_us", "over_gradient", "over_floor",
-              "over_floor_best", "over_floor_wall", "floor_over_gradient"):
+    for k in ("step_us", "bare_gradient_us", "floor_us", "over_gradient", "over_floor",
+              "over_floor_best", "over_floor_wall", "floor_over_gradient", "steps_per_s", "bandwidth_fraction"):
         assert positive_finite(step[k]), (k, step)
+    assert step["clock"] == "process CPU"          # the CPU backend: CPU time is the primary clock
+    assert math.isclose(step["steps_per_s"], 1e6 / step["step_us"])
+    # a step's traffic: at least the 64-row minibatch and the 650 parameters it reads, in float32
+    assert step["floor_bytes_per_step"] > 4 * (64 * 64 + 650)
+    assert math.isclose(step["bandwidth_fraction"],
+                        step["floor_bytes_per_step"] * step["steps_per_s"] / (out["meta"]["copy_GB_per_s"] * 1e9))
     print(f"scale --quick: {wall:.1f} s")

@@ -39,7 +39,8 @@ from fedprob.inference import IASG, SGHMC, SGLD, CyclicalSGHMC
 from fedprob.inference.cyclical_sghmc import cyclical_step_size, is_exploration
 from fedprob.inference.iasg import (iasg_calibrated_step_size, iasg_init, iasg_sample_covariance,
                                     sgd_step)
-from fedprob.inference.sghmc import momentum_step, sghmc_init, sghmc_step
+from fedprob.inference.sghmc import (momentum_step, sghmc_init, sghmc_step, sghmc_step_scaling_noise,
+                                    sghmc_step_skipping_draw, sghmc_step_where)
 from fedprob.inference.sgld import (psgld_init, psgld_step, rmsprop_preconditioner, sgld_init,
                                     sgld_step)
 from fedprob.inference.sgmcmc import effective_sample_size, max_curvature
@@ -190,6 +191,29 @@ def test_sgld_step_equals_blackjax_bit_for_bit():
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(bj))
     xi = jax.random.normal(key, (D,))
     np.testing.assert_allclose(ours, z + 0.5 * eps * grad + np.sqrt(eps * T) * xi, rtol=1e-6)
+
+
+def test_sghmc_step_where_is_the_same_step_with_and_without_a_conditional():
+    """Cyclical SGHMC's step with a traced ``noisy``: the conditional (CPU) and the noise scaled by
+    ``noisy`` (accelerators) give bit-identical states, noisy or not, under jit and vmap; noisy, it is
+    sghmc_step at the temperature, noise-free it is momentum SGD (to rounding: jit fuses differently)."""
+    z, v, g = jnp.array([0.1, 0.2, -0.3]), jnp.array([0.01, -0.02, 0.0]), jnp.array([3.0, -1.0, 0.5])
+    eta, alpha, T = jnp.float32(1e-3), 0.1, 0.7
+    keys = jax.random.split(jax.random.PRNGKey(3), 8)
+    noisy = jnp.array([True, False] * 4)
+
+    def run(step):
+        return jax.jit(jax.vmap(lambda k, n: step(k, sghmc_init(z, v), g, eta, alpha, T, n)))(keys, noisy)
+
+    skip, scale, where = run(sghmc_step_skipping_draw), run(sghmc_step_scaling_noise), run(sghmc_step_where)
+    for a, b in ((skip, scale), (skip, where)):
+        np.testing.assert_array_equal(np.asarray(a.position), np.asarray(b.position))
+        np.testing.assert_array_equal(np.asarray(a.momentum), np.asarray(b.momentum))
+    hot = sghmc_step(keys[0], sghmc_init(z, v), g, eta, alpha, T)
+    np.testing.assert_allclose(np.asarray(scale.momentum[0]), np.asarray(hot.momentum), rtol=1e-6)
+    cold = momentum_step(sghmc_init(z, v), g, eta, alpha)
+    np.testing.assert_allclose(np.asarray(scale.momentum[1]), np.asarray(cold.momentum), rtol=1e-7)
+    assert not np.allclose(scale.momentum[0], scale.momentum[2])      # the noisy steps drew noise
 
 
 def test_sghmc_and_psgld_steps_by_hand():
