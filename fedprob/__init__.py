@@ -5,8 +5,21 @@
     algo = fp.algorithms.PredictiveBayes(client=fp.inference.CyclicalSGHMC())
     result = fp.run(algo, fp.models.logistic_regression(), fed, rounds=1, seed=0)
 """
+import os as _os
+
 from . import data, gaussian, potential, posteriors, protocols
-from . import models, inference
+
+try:
+    from . import models, inference
+except ImportError:
+    # a source checkout on sys.path but not installed (a notebook or script started in the checkout's
+    # root): the subpackages fedprob.models and fedprob.inference are the folders models/ and
+    # inference/ beside fedprob/ (pyproject.toml's package-dir), so they are looked up there too
+    _root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+    if not all(_os.path.isfile(_os.path.join(_root, sub, "__init__.py")) for sub in ("models", "inference")):
+        raise
+    __path__.append(_root)
+    from . import models, inference
 from . import algorithms
 from .potential import Potential
 from .posteriors import Gaussian, GlobalPosterior, Samples

@@ -70,3 +70,24 @@ def test_every_extra_is_in_pyproject_and_readme():
 def test_present_extras_pass():
     extras.require("privacy", "x", ("numpy",))
     assert extras.missing("plot", ("numpy", "surely_not_a_module_xyz")) == ["surely_not_a_module_xyz"]
+
+
+def test_a_source_checkout_imports_without_being_installed():
+    """Python started in the checkout's root with no installed fedprob on its path (the editable
+    install's finder removed): ``import fedprob`` takes the checkout's fedprob/, whose subpackages
+    fedprob.models and fedprob.inference are the folders beside it, and a model builds."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys\n"
+            "sys.meta_path = [f for f in sys.meta_path\n"
+            "                 if not str(getattr(f, '__module__', '')).startswith('__editable__')]\n"
+            "import fedprob as fp, fedprob.inference\n"
+            "fp.models.logistic_regression()\n"
+            "print(fp.__file__); print(fp.inference.__file__); print(fp.models.__file__)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    files = [Path(line) for line in out.stdout.split()]
+    assert files == [root / "fedprob" / "__init__.py", root / "inference" / "__init__.py",
+                     root / "models" / "__init__.py"], out.stdout
