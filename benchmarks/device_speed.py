@@ -2,7 +2,7 @@
 
 * ``device_facts()``: backend, device kind (``jax.devices()[0].device_kind``: "cpu",
   "NVIDIA H200", ...), device count and the **measured copy bandwidth**: a jitted ``x + 1`` over a
-  float32 array of ``copy_bytes`` (1 GiB on an accelerator, 256 MiB on a CPU: well past any cache),
+  float32 array of ``nbytes`` (default 1 GiB on an accelerator, 256 MiB on a CPU: well past any cache),
   counted as 2 x its size (read and written) over the fastest of 10 calls, in GB/s (1e9 bytes). It is
   the ceiling the bandwidth fractions below are taken against: what this device sustains on the
   simplest streaming program, not a datasheet figure.

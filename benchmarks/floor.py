@@ -2,7 +2,8 @@
 gradient plus one N(0, I) draw over the flat parameter vector.
 
 ``floor_steps(potential, batch)`` returns the two steps ``f(w, target, key) -> w`` (one call each,
-for XLA's cost analysis: benchmarks/device_speed.py); ``floor_scans(potential, batch, steps)`` returns jitted ``f(w, target, key) -> w`` that run
+for XLA's cost analysis: benchmarks/device_speed.py); ``floor_scans(potential, batch, steps)``
+returns jitted ``f(w, target, key) -> w`` that run
 ``steps`` steps of ``lax.scan`` over ``jax.random.split(key, steps)``, each step taking
 ``jax.grad(potential.log_density)`` on a minibatch of ``batch`` rows (sampling included) and,
 for the second floor, one ``jax.random.normal`` of the vector's shape from its own key:
