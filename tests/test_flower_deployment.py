@@ -16,9 +16,10 @@ import pytest
 
 import fedprob as fp
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("flwr") is None
-                                or importlib.util.find_spec("cryptography") is None,
-                                reason="needs flwr and cryptography (pip install 'fedprob[flower]')")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("flwr") is None
+                                 or importlib.util.find_spec("cryptography") is None,
+                                 reason="needs flwr and cryptography (pip install 'fedprob[flower]')"),
+              pytest.mark.processes]   # a SuperLink, SuperNodes and their workers at once
 
 SIZES = (40, 55, 55)          # no parameter dimension equals a row count
 MODEL = {"name": "linear_regression", "noise_scale": 0.5, "bias": False}

@@ -116,10 +116,12 @@ def check(names):
     assert all("several JAX processes" in o["checkpoint_refused"] for o in outs)
 
 
+@pytest.mark.processes    # two JAX processes at once
 def test_two_processes_give_the_single_process_epmcmc_product():
     check(["epmcmc_laplace"])
 
 
 @pytest.mark.slow
+@pytest.mark.processes
 def test_two_processes_give_the_single_process_answers():
     check(["epmcmc_laplace", "consensus_sgld", "pvi_laplace"])

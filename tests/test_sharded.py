@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = r"""
 import os, sys, json
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
@@ -35,6 +37,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.processes    # one process whose 4 host devices compute at once
 def test_sharded_engine_matches_one_device():
     tests = str(Path(__file__).parent)
     # the suite's XLA options (tests/conftest.py: compile at level 0) kept, four host devices added
