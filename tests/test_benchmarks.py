@@ -174,6 +174,7 @@ def test_overhead_benchmark_quick(tmp_path):
     assert (tmp_path / "overhead.json").exists()
 
 
+@pytest.mark.processes   # fresh processes that time their own first compile: on every CPU, as a user's would
 def test_first_result_quick():
     """A small model's first fp.run, in a fresh process, costs at most twice NUTS on the pooled rows."""
     rows = load_script("first_result").main(["--quick"])
