@@ -51,9 +51,11 @@ if os.environ.get("FEDPROB_TEST_XLA_O0", "1") != "0" and _PROBED not in os.envir
 # Each xdist worker runs on its own share of the CPUs (worker i of w: CPUs i, i + w, ...), so the workers'
 # XLA thread pools (compiling and running) do not compete for every core: the default run took 28.9 minutes
 # unpinned against 26.3 pinned on the same 2-core machine the same evening (a 4-file subset: 266 s against
-# 243 s). A test marked `processes` starts several processes that work at once (Flower's nodes, multi-host
-# workers): it gets every CPU back while it runs, so its processes are not squeezed onto its worker's share
-# (pinned, the Deployment Engine test took 222 s against 139 s). FEDPROB_TEST_PIN=0 leaves workers unpinned.
+# 243 s). A test marked `processes` starts processes that work at once (Flower's nodes, multi-host workers)
+# or that time themselves (the first-result benchmark): it gets every CPU back while it runs, so its
+# processes are not squeezed onto its worker's share (pinned, the Deployment Engine test took 222 s against
+# 139 s, and the first result's cold fp.run / cold NUTS ratio rose to 2.19 against its bound of 2 on a
+# clean-clone run). FEDPROB_TEST_PIN=0 leaves workers unpinned.
 def _threads_affinity(cpus):
     """Set the CPU affinity of every thread of this process (Linux sets it per thread)."""
     try:
