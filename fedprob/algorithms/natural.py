@@ -353,9 +353,10 @@ class NaturalLoop(Algorithm):
         most :data:`MAX_DEFAULT_ROUNDS`. With a server mix ``alpha < 1``
         (BayesADMM) the precision's error follows a two-rate recursion
         (:func:`_server_mix_rounds`): the default is the number of rounds it
-        needs to stay below 1% (at ``gamma = 0.1``, ``rho = 1``: 25 rounds for
-        4 clients, 34 for 8, 44 for 10, 93 for 20, where ``1 - alpha = K / (K + 1)``
-        has overtaken ``1 - gamma``; 10 rounds left 6% of the curvature out at 4
+        needs to stay below 1% (at BayesADMM's default ``gamma = 0.2``, ``rho = 1``:
+        15 rounds for 4 clients, 37 for 8, 47 for 10, 94 for 20, where
+        ``1 - alpha = K / (K + 1)`` has overtaken ``1 - gamma``; at ``gamma = 0.1``
+        25, 34, 44 and 93, and 10 rounds left 6% of the curvature out at 4
         clients, 27% at 8).
         """
         sizes = np.asarray(client_sizes, np.float64)
