@@ -409,12 +409,9 @@ def test_bayes_admm_default_step_with_a_client_holding_most_of_the_curvature():
     # the pooled MAP and Laplace sd under the N(0, 1) prior, by Newton's method in float64
     X = np.concatenate([np.c_[c[0], np.ones(len(c[0]))] for c in clients]).astype(np.float64)
     y = np.concatenate([c[1] for c in clients]).astype(np.float64)
-    theta = np.zeros(5)
-    for _ in range(30):
-        p = 1 / (1 + np.exp(-X @ theta))
-        H = X.T @ (X * (p * (1 - p))[:, None]) + np.eye(5)
-        theta -= np.linalg.solve(H, X.T @ (p - y) + theta)
-    sd = np.sqrt(np.diag(np.linalg.inv(H)))
+    theta = newton(lambda w: nll_grad_hess(X, y, w)[0] + w, lambda w: nll_grad_hess(X, y, w)[1] + np.eye(5),
+                   np.zeros(5), steps=30)
+    sd = np.sqrt(np.diag(np.linalg.inv(nll_grad_hess(X, y, theta)[1] + np.eye(5))))
     algo = BayesADMM()
     assert algo.damping == 0.2
     with warnings.catch_warnings():
