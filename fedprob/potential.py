@@ -49,6 +49,8 @@ client under ``vmap``.
 """
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -418,8 +420,9 @@ class Potential:
             self._check_global_terms_read_no_local_site()
 
     # -- identity ---------------------------------------------------------------------------
-    # Two potentials are equal when they trace the same program: the same model function,
-    # equal model_kwargs (arrays compared by value) and the same row shapes and dtypes. Compiled
+    # Two potentials are equal when they trace the same program: the same model function (a plain
+    # function or closure by its code and captured values, :func:`_freeze_model`), equal
+    # model_kwargs (arrays compared by value) and the same row shapes and dtypes. Compiled
     # functions that take a potential as a static argument are cached on this identity.
     def __hash__(self):
         return hash(self._identity)
@@ -813,8 +816,47 @@ def _freeze(value):
     return value
 
 
+def _freeze_model(fn, seen=()):
+    """A value-based stand-in for a model function: a plain function by its code, the values its
+    closure holds, its defaults and its module (each by :func:`_freeze`, functions among them by
+    this rule), so the same factory called twice with equal arguments (``fp.models.bnn_mlp((100,),
+    10)``) gives equal potentials and shares compiled programs; ``functools.partial`` by its
+    function and arguments; anything else (a callable object, a builtin) by identity."""
+    if id(fn) in seen:
+        return ("recursive", id(fn))
+    seen = seen + (id(fn),)
+    if isinstance(fn, functools.partial):
+        return ("partial", _freeze_model(fn.func, seen), _freeze_value(fn.args, seen),
+                _freeze_value(fn.keywords, seen))
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append(_freeze_value(cell.cell_contents, seen))
+        except ValueError:                    # an empty cell (a name not yet bound)
+            cells.append(("empty",))
+    return ("function", fn.__module__, fn.__qualname__, fn.__code__, tuple(cells),
+            _freeze_value(fn.__defaults__, seen), _freeze_value(fn.__kwdefaults__, seen))
+
+
+def _freeze_value(value, seen):
+    """:func:`_freeze` with functions by :func:`_freeze_model` and scalars with their type
+    (``1``, ``1.0`` and ``True`` are equal in Python but may trace differently)."""
+    if isinstance(value, (types.FunctionType, functools.partial)):
+        return _freeze_model(value, seen)
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((k, _freeze_value(v, seen)) for k, v in value.items()), key=repr)))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze_value(v, seen) for v in value))
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
+        return (type(value).__name__, value)
+    return _freeze(value)
+
+
 def _identity_key(model, model_kwargs, x_shape, y_shape, x_dtype, y_dtype) -> tuple:
-    return (model, _freeze(dict(model_kwargs)), _freeze(x_shape), y_shape, _freeze(x_dtype), y_dtype)
+    return (_freeze_model(model), _freeze(dict(model_kwargs)), _freeze(x_shape), y_shape, _freeze(x_dtype),
+            y_dtype)
 
 
 def mean_loss(potential: Potential, z, target: LocalTarget, key=None, batch_size=None):

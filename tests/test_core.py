@@ -71,6 +71,47 @@ def test_potentials_compare_by_program():
     assert d == fp.Potential(kw_linreg, X, y, {"prior_scale": np.float32(1.0)})
 
 
+def closure_linreg(prior_scale):
+    """A model factory, as fp.models' and most users' are: a new closure per call."""
+    def model(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, prior_scale).expand([X.shape[1]]).to_event(1))
+        with numpyro.plate("data", X.shape[0]):
+            numpyro.sample("y", dist.Normal(X @ w, SIGMA), obs=y)
+    return model
+
+
+def test_a_model_factory_called_again_compiles_nothing_new():
+    """Each call of a factory returns a new function object; before, each was a new program, so a notebook
+    cell rebuilding ``fp.models.logistic_regression()`` recompiled every client phase and round. Equal
+    closures (same code, equal captured values and types) are one program; a different captured value
+    (or an int where a float was) is another, and its answer is its own."""
+    X, y = np.zeros((3, 2), np.float32), np.zeros(3, np.float32)
+    P = lambda m: fp.Potential(m, X, y)
+    a, b = P(closure_linreg(1.0)), P(closure_linreg(1.0))
+    assert a == b and hash(a) == hash(b)
+    assert P(closure_linreg(1.0)) != P(closure_linreg(0.5))
+    assert P(closure_linreg(1.0)) != P(closure_linreg(1))
+    assert P(closure_linreg(np.float32(0.5))) == P(closure_linreg(np.float32(0.5)))
+    assert P(closure_linreg(np.float32(0.5))) != P(closure_linreg(np.float64(0.5)))
+    yc = np.zeros(3, np.int32)
+    assert fp.Potential(fp.models.bnn_mlp(hidden_sizes=(5,), num_classes=3), X, yc) == \
+        fp.Potential(fp.models.bnn_mlp(hidden_sizes=(5,), num_classes=3), X, yc)
+    assert fp.Potential(fp.models.bnn_mlp(hidden_sizes=(5,), num_classes=3), X, yc) != \
+        fp.Potential(fp.models.bnn_mlp(hidden_sizes=(6,), num_classes=3), X, yc)
+
+    cl = clients()
+    fed = fp.data.FederatedData.from_clients(cl)
+    algo = fp.algorithms.EPMCMC(client=fp.inference.Laplace(hessian="full"))
+    first = fp.run(algo, closure_linreg(0.01), fed, seed=0, progress=False)
+    again = fp.run(algo, closure_linreg(0.01), fed, seed=1, progress=False)
+    other = fp.run(algo, closure_linreg(1.0), fed, seed=0, progress=False)
+    assert first.compile_time > 0.0 and again.compile_time == 0.0 and other.compile_time > 0.0
+    for scale, r in ((0.01, again), (1.0, other)):
+        mu, cov = linreg_exact_posterior([c[0] for c in cl], [c[1] for c in cl], SIGMA, scale)
+        m = np.asarray(r.posterior.form.mean())
+        np.testing.assert_array_less(np.abs(m - mu) / np.sqrt(np.diag(cov)), 0.01)
+
+
 # -- the potential honours NumPyro's semantics ------------------------------------------------------
 
 def _scaled_likelihood(X, y=None):
