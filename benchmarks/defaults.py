@@ -44,6 +44,8 @@ PROBLEMS = ("logistic", "linear", "least_squares")
 SIZES8 = (20, 50, 100, 200, 400, 800, 1500, 3000)
 SIZES5 = (30, 60, 120, 250, 500)
 SIGMA, PRIOR = 0.5, 10.0
+#: draws of each method's posterior compared with the truth
+DRAWS = 20000
 
 
 def least_squares_model(X, y=None):
@@ -119,7 +121,9 @@ def run_one(pname, alg_name, model, fed, ref, seed):
         with warnings.catch_warnings(record=True) as rec:
             warnings.simplefilter("always")
             res = fp.run(getattr(fp.algorithms, alg_name)(), model, fed, seed=seed, progress=False)
-            draws = res.posterior.sample(jax.random.PRNGKey(seed + 1), 4000)
+            # 20,000 draws: the sd ratios' own Monte Carlo error about 0.5% (4,000 put FedLapCov's 0.807 on the
+            # linear problem, seed 0, at 0.799, under the bound's 0.8)
+            draws = res.posterior.sample(jax.random.PRNGKey(seed + 1), DRAWS)
         row["seconds"] = round(time.perf_counter() - t0, 1)
         row["rounds"] = len(res.history)
         point = alg_name in POINT

@@ -42,8 +42,11 @@ from .potential import pooled_log_posterior
 
 #: distance (posterior sds, largest over coordinates) above which a point method is said not to have converged
 TOLERANCE_SD = 0.3
-#: sds of a diagonal-family Gaussian over the full Laplace ones outside this range are warned about
-SD_RATIO_RANGE = (0.8, 1.25)
+#: sds of a diagonal-family Gaussian over the full Laplace ones outside this range are warned about: the
+#: posterior methods' [0.8, 1.25] narrowed by the reference's own error (the full Laplace at the diagonal mean
+#: approximates the marginals: on a linear regression with an unknown noise scale FedLap-Cov's sd at 0.80 of
+#: pooled NUTS's read 0.802 of the Laplace one, and went unwarned at the old range)
+SD_RATIO_RANGE = (0.85, 1.18)
 #: largest number of parameters checked (a d x d Hessian)
 MAX_DIM = 100
 

@@ -132,3 +132,15 @@ def test_diagonal_family_says_how_far_its_sds_are_from_the_full_posterior():
     sd = np.sqrt(np.diag(cov))
     assert np.max(np.abs(np.asarray(full.posterior.mean["w"]) - mean) / sd) < 0.05
     np.testing.assert_allclose(np.asarray(full.posterior.sd["w"]) / sd, 1.0, atol=0.05)
+
+
+def test_diagonal_check_warns_with_a_margin_inside_the_posterior_bound():
+    """The check's reference (the full Laplace at the diagonal mean) approximates the marginals: FedLap-Cov on a
+    linear regression with an unknown noise scale had sds at 0.80 of pooled NUTS's that read 0.802 against it, and
+    went unwarned while the range was [0.8, 1.25]. It warns outside [0.85, 1.18]."""
+    from fedprob.convergence import diagonal_message
+    report = lambda lo, hi: {"sd_ratio_min": lo, "sd_ratio_max": hi, "mode_distance_sd": 0.02}
+    assert diagonal_message("FedLapCov", report(0.802, 1.0)) is not None
+    assert diagonal_message("FedLapCov", report(0.95, 1.2)) is not None
+    assert diagonal_message("FedLapCov", report(0.86, 1.17)) is None
+
