@@ -72,6 +72,7 @@ from fedprob.potential import minibatch
 
 from fedprob.posteriors import Gaussian
 from fedprob.protocols import ClientBackend, ClientResult, finite_flag
+from .dense_check import check_fits
 from .optim import OPTIMIZERS, minimize
 
 HESSIANS = ("full", "diag", "ggn", "diag_ggn")
@@ -554,6 +555,11 @@ class Laplace(ClientBackend):
                                    inputs.num_rows(target.data.X), dim, self.num_steps)
 
     def run(self, key, potential, target, init) -> ClientResult:
+        if self.hessian in ("full", "ggn"):
+            check_fits(f"Laplace(hessian={self.hessian!r})", init.shape[-1], init.dtype,
+                       "Use a diagonal curvature: Laplace(hessian='diag_ggn') (or 'diag'), with a diagonal "
+                       "family where the algorithm takes one (family='diag'; the natural-parameter methods' "
+                       "default client above 100 parameters).")
         optimizer, learning_rate, batch_size = self.search_settings(target, init.shape[-1])
         opt = minimize(potential, target, init, key=key, num_steps=self.num_steps,
                        optimizer=optimizer, learning_rate=learning_rate, batch_size=batch_size)

@@ -1,4 +1,6 @@
 """Inputs that used to fail deep inside NumPyro or JAX now fail early with a clear message."""
+import warnings
+
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
@@ -104,3 +106,29 @@ def test_data_that_do_not_match_the_model_or_each_other():
         fp.run(FEDAVG, MODEL, fed, rounds=1, progress=False, eval_data=(np.zeros((4, 5)), np.zeros(4)))
     with pytest.raises(ValueError, match=r"eval_data y rows have shape \(2,\)"):
         fp.run(FEDAVG, MODEL, fed, rounds=1, progress=False, eval_data=(np.zeros((4, 3)), np.zeros((4, 2))))
+
+
+def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling(monkeypatch):
+    """Laplace(hessian='full') on a 178,110-weight network asked XLA for 1,268,926,884,000 bytes and failed with
+    RESOURCE_EXHAUSTED after compiling; a (d, d) matrix over the device's memory is now refused at trace time,
+    naming the setting, the size and the diagonal alternative (the device here shrunk to 512 KiB so that 410
+    parameters exceed it: 410^2 float32 is 656 KiB). A diagonal curvature under the same limit runs."""
+    from fedprob.inference import dense_check
+    assert dense_check.device_memory_bytes() > 2 ** 30
+    monkeypatch.setattr(dense_check, "device_memory_bytes", lambda: 2 ** 19)
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(60, 40)).astype(np.float32)
+    fed = fp.data.FederatedData.from_clients([(X[:30], rng.integers(0, 10, 30)), (X[30:], rng.integers(0, 10, 30))],
+                                             num_classes=10)
+    model = fp.models.softmax_regression(10)
+    with pytest.raises(ValueError, match=r"Laplace\(hessian='full'\) on 410 parameters builds a 410 x 410 matrix "
+                                         r"per client .*Laplace\(hessian='diag_ggn'\)"):
+        fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
+    with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
+        fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
+               progress=False)
+    with warnings.catch_warnings():             # the diagonal product's own check may warn on these rows
+        warnings.simplefilter("ignore")
+        r = fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace(hessian="diag_ggn")), model, fed,
+                   progress=False)
+    assert np.all(np.isfinite(np.asarray(r.posterior.form.mean())))

@@ -90,10 +90,15 @@ def laplace_preconditioner(potential, target, z0: Array, kind: Optional[str], co
                            key: Array) -> Preconditioner:
     """The pre-pass (module docstring): mode, curvature, factor ``A`` (identity when ``kind`` is None,
     with the mode kept for the control variate)."""
+    from ..dense_check import check_fits
     from ..laplace import curvature
     from ..optim import minimize
 
     d = z0.shape[0]
+    if kind == "full":
+        check_fits("precondition='full'", d, z0.dtype,
+                   "Use precondition='diag' (or 'auto', which is full only up to "
+                   f"{AUTO_FULL_MAX_DIM} parameters).")
     mode = minimize(potential, target, z0, num_steps=MODE_STEPS).params
     ok = jnp.all(jnp.isfinite(mode))
     m = jnp.where(ok, mode, z0)
