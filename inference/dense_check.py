@@ -37,8 +37,11 @@ def check_fits(what: str, dim: int, dtype, advice: str) -> None:
     need = int(dim) * int(dim) * np.dtype(dtype).itemsize
     if have is not None and need > have:
         raise ValueError(f"{what} on {dim:,} parameters builds a {dim:,} x {dim:,} matrix per client "
-                         f"({need / 2 ** 30:,.0f} GiB), more than this device's memory "
-                         f"({have / 2 ** 30:,.0f} GiB). {advice}")
+                         f"({_size(need)}), more than this device's memory ({_size(have)}). {advice}")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2 ** 30:,.0f} GiB" if nbytes >= 2 ** 30 else f"{nbytes / 2 ** 20:,.1f} MiB"
 
 
 __all__ = ["check_fits", "device_memory_bytes"]

@@ -122,7 +122,8 @@ def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling(mo
                                              num_classes=10)
     model = fp.models.softmax_regression(10)
     with pytest.raises(ValueError, match=r"Laplace\(hessian='full'\) on 410 parameters builds a 410 x 410 matrix "
-                                         r"per client .*Laplace\(hessian='diag_ggn'\)"):
+                                         r"per client \(0.6 MiB\), more than this device.s memory \(0.5 MiB\)"
+                                         r".*Laplace\(hessian='diag_ggn'\)"):
         fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
     with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
         fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
