@@ -135,6 +135,7 @@ class BayesADMM(Configured):
     tau: float = 1.0
     prediction: str = "auto"
     num_predictive_draws: int = 32
+    iterate_average: Union[None, float, str] = "auto"
     covariance: Any = alias_field()
     gamma: Any = alias_field()
 
@@ -160,7 +161,8 @@ class BayesADMM(Configured):
         damping: Union[float, str] = "rho" if self.damping is None else self.damping
         return NaturalLoop(client=client, family=self.family, rho=rho, damping=damping, alpha="admm",
                            delta=self.delta, tau=self.tau, prediction=self.prediction,
-                           num_predictive_draws=self.num_predictive_draws)
+                           num_predictive_draws=self.num_predictive_draws,
+                           iterate_average=self.iterate_average)
 
 
 __all__ = ["BayesADMM", "bayes_admm_client_inputs"]

@@ -92,7 +92,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import gaussian as gauss
-from ..inference.laplace import Laplace
+from ..inference.laplace import Laplace, map_search_settings
 from ..inference import laplace_marginal as lm
 from .. import local_sites as loc
 from ..inference.optim import minimize
@@ -111,12 +111,21 @@ PREDICTIONS = ("average", "mean", "auto")
 
 class NaturalServer(NamedTuple):
     """Server state: ``lam`` = lambda_g, ``site_sum`` = sum_k lambda_hat_k over all K clients,
-    ``prior`` = lambda_0, ``start`` = (d,) starting point of the next client solves."""
+    ``prior`` = lambda_0, ``start`` = (d,) starting point of the next client solves; with iterate
+    averaging (:attr:`NaturalLoop.iterate_average`) ``average`` = the polynomial-decay average of
+    lambda_g over the rounds so far and ``rounds`` = their count (both None when not kept)."""
 
     lam: Gaussian
     site_sum: Gaussian
     prior: Gaussian
     start: Array
+    average: Optional[Gaussian] = None
+    rounds: Optional[Array] = None
+
+    @property
+    def reported(self) -> Gaussian:
+        """The Gaussian the posterior reports: the iterate average where one is kept, else lambda_g."""
+        return self.lam if self.average is None else self.average
 
 
 class NaturalClient(NamedTuple):
@@ -192,6 +201,22 @@ def _server_mix_reached(step: float, alpha: float, rounds: float) -> float:
     return 1.0 + e
 
 
+#: the weight exponent of ``iterate_average="auto"`` (:func:`average_step`)
+AUTO_AVERAGE_ETA = 3.0
+
+
+def average_step(rounds, eta: float):
+    """The weight of round ``t = rounds`` in the polynomial-decay average (Shamir and Zhang, 2013)::
+
+        avg_t = (1 - w_t) avg_{t-1} + w_t lambda_t,    w_t = (eta + 1) / (t + eta)
+
+    ``w_1 = 1`` (the first average is the first iterate); round ``s``'s weight in ``avg_t`` is
+    ``prod_{j=1}^{eta} (s + j - 1) / (t + j)`` up to a constant, about ``s^eta``: ``eta = 0`` is the
+    uniform (Polyak-Ruppert) average, a larger ``eta`` forgets the early rounds faster (the average's
+    mean age is about ``t / (eta + 2)`` rounds)."""
+    return (eta + 1.0) / (rounds + eta)
+
+
 #: the client diagnostics the loop keeps (per client, per round)
 KEPT_DIAGNOSTICS = ("grad_norm", "loss", "mean_drift", "unbounded")
 
@@ -226,6 +251,13 @@ class NaturalLoop(Algorithm):
         (Bayesian model average over ``num_predictive_draws`` draws of q_g) or
         ``"mean"`` (plug-in at the server mean).
     init_strategy: the shared starting point of the first client solves.
+    iterate_average: what the posterior reports: None (the default) the last round's ``lambda_g``;
+        a number ``eta >= 0``, the polynomial-decay average of ``lambda_g`` over the rounds with
+        weights about ``round^eta`` (:func:`average_step`; the loop itself, and so its fixed point,
+        is unchanged: the clients solve against the last ``lambda_g``); ``"auto"``,
+        :data:`AUTO_AVERAGE_ETA` where the clients' solves are stochastic
+        (:meth:`solves_are_stochastic`: a minibatch MAP search, a Monte Carlo backend) and None
+        where they are exact, whose iterates converge and whose average would only lag them.
     """
 
     client: Any = None
@@ -239,6 +271,7 @@ class NaturalLoop(Algorithm):
     posterior_only = ("prediction",)          # read by posterior() alone (Algorithm.round_key)
     num_predictive_draws: int = 32
     init_strategy: str = "center"
+    iterate_average: Union[None, float, str] = None
     gamma: Any = alias_field()
 
     default_rounds = 10
@@ -273,6 +306,11 @@ class NaturalLoop(Algorithm):
             raise ValueError(f"prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
         if int(self.num_predictive_draws) < 1:
             raise ValueError(f"num_predictive_draws must be >= 1, got {self.num_predictive_draws}")
+        a = self.iterate_average
+        if a is not None and a != "auto":
+            if isinstance(a, (str, bool)) or not (float(a) >= 0 and float(a) < float("inf")):
+                raise ValueError(f"iterate_average must be None, 'auto' or a number >= 0 (the weights' "
+                                 f"exponent), got {a!r}")
 
     # -- configuration ---------------------------------------------------------------------
     @property
@@ -382,16 +420,39 @@ class NaturalLoop(Algorithm):
                 "clients' solves are stable", RuntimeWarning, stacklevel=4)
         return int(min(max(need, self.default_rounds), MAX_DEFAULT_ROUNDS))
 
+    def solves_are_stochastic(self, ctx: Context) -> bool:
+        """Whether the clients' solves carry noise of their own: a Laplace backend whose MAP search is
+        a minibatch one at these client sizes (:func:`~fedprob.inference.laplace.map_search_settings`),
+        or a Monte Carlo backend (IVON, VON, SVI); an isotropic-family search likewise by its
+        settings. A full-batch search is deterministic."""
+        b = self.joint_backend(ctx.potential)
+        if not isinstance(b, Laplace):
+            return self.family != "isotropic"
+        rows = int(np.max(np.asarray(ctx.client_sizes))) if np.size(ctx.client_sizes) else 0
+        _, _, batch_size = map_search_settings(b.optimizer, b.learning_rate, b.batch_size, rows,
+                                               int(ctx.potential.dim), b.num_steps)
+        return batch_size is not None and batch_size < rows
+
+    def average_eta(self, ctx: Context) -> Optional[float]:
+        """The weights' exponent of the iterate average on this federation (None: no average kept)."""
+        a = self.iterate_average
+        if a == "auto":
+            return AUTO_AVERAGE_ETA if self.solves_are_stochastic(ctx) else None
+        return None if a is None else float(a)
+
     # -- protocol ---------------------------------------------------------------------------
     def init(self, ctx: Context, key, data):
         prior = model_prior(ctx.potential, self.family, self.delta, type(self).__name__)
         zero = Gaussian(jnp.zeros_like(prior.linear), jnp.zeros_like(prior.precision))
         start = ctx.potential.init(key, self.init_strategy)
         dg = ctx.potential.dim_global
+        # the average starts at the prior with no round counted (the first round's weight is 1)
+        avg = {} if self.average_eta(ctx) is None else {
+            "average": prior, "rounds": jnp.zeros((), prior.linear.dtype)}
         if ctx.potential.local_sites:
             client = NaturalClient(zero, loc.initial_conditional(start, dg))
-            return NaturalServer(prior, zero, prior, start[:dg]), stack_init(ctx.num_clients, client)
-        return NaturalServer(prior, zero, prior, start), stack_init(ctx.num_clients, zero)
+            return NaturalServer(prior, zero, prior, start[:dg], **avg), stack_init(ctx.num_clients, client)
+        return NaturalServer(prior, zero, prior, start, **avg), stack_init(ctx.num_clients, zero)
 
     def client_target(self, ctx: Context, lam_g: Gaussian, site: Gaussian, data):
         """The LocalTarget whose ``-ELBO`` (times rho) is the client problem (module docstring)."""
@@ -489,14 +550,19 @@ class NaturalLoop(Algorithm):
         ok = gauss.is_valid(lam)
         lam = jax.tree_util.tree_map(lambda x: jnp.where(ok, x, jnp.nan), lam)
         start = self.next_start(server_state, lam, mode, mask, count)
-        return NaturalServer(lam, site_sum, server_state.prior, start)
+        average, rounds = server_state.average, server_state.rounds
+        if average is not None:
+            rounds = rounds + 1
+            w = average_step(rounds, self.average_eta(ctx))
+            average = jax.tree_util.tree_map(lambda a, x: a + w * (x - a), average, lam)
+        return NaturalServer(lam, site_sum, server_state.prior, start, average, rounds)
 
     def refresh_local(self, ctx: Context, server_state: NaturalServer, client_state, data, key):
         """One more solve of the client's tilted distribution against the final ``q_g`` (its site
         unchanged): the local conditional is re-taken at the final joint mode. A solve that is not
         finite keeps the previous conditional."""
-        _, _, _, cond = self.solve_client(ctx, server_state, client_state.site, data, key,
-                                          local=client_state.local)
+        final = server_state._replace(lam=server_state.reported)
+        _, _, _, cond = self.solve_client(ctx, final, client_state.site, data, key, local=client_state.local)
         ok = finite_flag(cond)
         cond = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), cond, client_state.local)
         return NaturalClient(client_state.site, cond), ok
@@ -524,7 +590,7 @@ class NaturalLoop(Algorithm):
         the true prior in it. None for the isotropic family (a mode, no covariance)."""
         if self.family == "isotropic" or ctx.potential.local_sites:
             return None
-        lam, prior = server_state.lam, server_state.prior
+        lam, prior = server_state.reported, server_state.prior
         exact_prior = self.delta is None
         base = Gaussian(lam.linear - prior.linear, lam.precision - prior.precision) if exact_prior else lam
         sites = client_states
@@ -539,9 +605,14 @@ class NaturalLoop(Algorithm):
         return lam.mean()
 
     def posterior(self, ctx: Context, server_state: NaturalServer, client_states):
-        lam = server_state.lam
+        lam = server_state.reported
         local = client_states.local if isinstance(client_states, NaturalClient) else None
         info = {"kind": f"{self.family} Gaussian", "algorithm": type(self).__name__}
+        if server_state.average is not None:
+            info["iterate_average"] = (
+                f"the polynomial-decay average of the server's natural parameters over "
+                f"{int(server_state.rounds)} rounds (weights about round^{self.average_eta(ctx):g}): the "
+                "clients' solves are stochastic, and the last round's Gaussian carries their noise")
         if local is not None:
             info["local_posterior"] = ("each client's Laplace conditional of its local sites given the global "
                                        "ones, from its last solve, averaged over the final global posterior")
@@ -563,7 +634,7 @@ class NaturalLoop(Algorithm):
             return posterior
         from .prediction_choice import choose
 
-        choice = choose(ctx.potential, server_state.lam, client_states, data, jax.random.PRNGKey(7),
+        choice = choose(ctx.potential, server_state.reported, client_states, data, jax.random.PRNGKey(7),
                         prior=server_state.prior)
         posterior.prediction = choice["prediction"]
         posterior.info["prediction_choice"] = choice
@@ -668,4 +739,5 @@ def point_of(post: GlobalPosterior) -> GlobalPosterior:
 
 
 __all__ = ["NaturalLoop", "NaturalServer", "NaturalClient", "Configured", "model_prior", "FAMILIES",
+           "average_step", "AUTO_AVERAGE_ETA",
            "point_of", "FIXED_COVARIANCE"]
