@@ -10,9 +10,7 @@ Logistic regression (FedLap paper, Table 1), accuracy after 10/20/25/50 rounds:
 Methods: FedAvg, FedProx (Adam 1e-3, batch 4, 10 local epochs, as the
 paper's grid), FedDyn, FedLap, FedLap-Cov, BayesADMM (diagonal Laplace
 clients, rho = 1, the paper's gamma = 0.1 (the library's default is 0.2); at the server mean and averaged over 32 draws of q_g),
-BayesADMM-IVON (the same with IVON clients: Alg. 1 as printed, so its posterior is the last
-round's, ``iterate_average=None``; the library's default averages the rounds of such stochastic
-solves), FedLap-Func
+BayesADMM-IVON (the same with IVON clients: Alg. 1 as printed), FedLap-Func
 (2 memory points per client, tau = 1, rho = N_k/N), PVI (diagonal Laplace
 clients, damping 1/K). The
 natural-family methods and FedDyn solve their client problems with
@@ -151,9 +149,9 @@ def fmnist_methods(local_epochs: float):
             "FedDyn": FedDyn(alpha=0.01, **adam),
             "FedDyn-alpha0.001": FedDyn(alpha=0.001, **adam),
             "FedLapCov": FedLapCov(**adam),
-            "BayesADMM-IVON": BayesADMM(client=ivon, damping=0.1, iterate_average=None),
-            "BayesADMM-IVON-tau0.1": BayesADMM(client=ivon, tau=0.1, damping=0.1, iterate_average=None),
-            "BayesADMM-IVON-tau0.03": BayesADMM(client=ivon, tau=0.03, damping=0.1, iterate_average=None)}
+            "BayesADMM-IVON": BayesADMM(client=ivon, damping=0.1),
+            "BayesADMM-IVON-tau0.1": BayesADMM(client=ivon, tau=0.1, damping=0.1),
+            "BayesADMM-IVON-tau0.03": BayesADMM(client=ivon, tau=0.03, damping=0.1)}
 
 
 #: run only when ``--methods`` names them (none now). FedLap-Cov was, while its diagonal GGN took per-row
@@ -232,7 +230,7 @@ def methods(quick: bool):
     local = dict(client_optimizer="adam", learning_rate=1e-3, batch_size=4, local_epochs=10)
     out = {"FedAvg": FedAvg(**local), "FedProx": FedProx(mu=0.1, **local), "FedDyn": FedDyn(alpha=0.1),
            "FedLap": FedLap(), "FedLapCov": FedLapCov(), "FedLapFunc": FedLapFunc(), "BayesADMM": BayesADMM(damping=0.1),
-           "BayesADMM-IVON": BayesADMM(client=IVON(), damping=0.1, iterate_average=None), "PVI": PVI(damping="clients")}
+           "BayesADMM-IVON": BayesADMM(client=IVON(), damping=0.1), "PVI": PVI(damping="clients")}
     if quick:
         out = {k: out[k] for k in ("FedLapCov",)}
     return out

@@ -84,7 +84,7 @@ def bayes_admm_ivon_fmnist(fmnist, rounds):
     """BayesADMM with IVON clients at their defaults (38 steps of 32 rows, from the server mean) at
     the paper's temperature 0.1: accuracy at the default prediction after ``rounds`` rounds."""
     fed, test, model = fmnist
-    algo = BayesADMM(client=IVON(num_steps=38, batch_size=32, map_steps=0), tau=0.1, iterate_average=None)
+    algo = BayesADMM(client=IVON(num_steps=38, batch_size=32, map_steps=0), tau=0.1)
     res = fp.run(algo, model, fed, rounds=rounds, eval_data=test, eval_every=rounds, progress=False)
     assert all(h["server_update_ok"] and not h["excluded"] for h in res.history)
     return res.metric("accuracy")[-1]
@@ -108,7 +108,7 @@ def test_tempered_bayes_admm_leads_fedavg_on_the_fmnist_mlp_after_10_rounds(fmni
     tau = 0.03 reached 79.7% (NLL 0.57) after 10 rounds, FedAvg with Adam in the same steps 75.8%
     (0.76); the paper's 10-round numbers are 77.0% and 70.4%."""
     fed, test, model = fmnist
-    admm = BayesADMM(client=IVON(num_steps=94, batch_size=32, map_steps=0), tau=0.03, iterate_average=None)
+    admm = BayesADMM(client=IVON(num_steps=94, batch_size=32, map_steps=0), tau=0.03)
     fedavg = fp.algorithms.FedAvg(client_optimizer="adam", learning_rate=1e-3, batch_size=32, local_epochs=5.0)
     got = {}
     for name, algo in (("admm", admm), ("fedavg", fedavg)):

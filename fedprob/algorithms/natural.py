@@ -202,7 +202,7 @@ def _server_mix_reached(step: float, alpha: float, rounds: float) -> float:
 
 
 #: the weight exponent of ``iterate_average="auto"`` (:func:`average_step`)
-AUTO_AVERAGE_ETA = 3.0
+AUTO_AVERAGE_ETA = 7.0
 
 
 def average_step(rounds, eta: float):
@@ -255,9 +255,9 @@ class NaturalLoop(Algorithm):
         a number ``eta >= 0``, the polynomial-decay average of ``lambda_g`` over the rounds with
         weights about ``round^eta`` (:func:`average_step`; the loop itself, and so its fixed point,
         is unchanged: the clients solve against the last ``lambda_g``); ``"auto"``,
-        :data:`AUTO_AVERAGE_ETA` where the clients' solves are stochastic
-        (:meth:`solves_are_stochastic`: a minibatch MAP search, a Monte Carlo backend) and None
-        where they are exact, whose iterates converge and whose average would only lag them.
+        :data:`AUTO_AVERAGE_ETA` where the clients' Laplace solves search their modes on minibatches
+        (:meth:`minibatch_search`) and None elsewhere: exact solves converge, and an average
+        would only lag them.
     """
 
     client: Any = None
@@ -420,14 +420,15 @@ class NaturalLoop(Algorithm):
                 "clients' solves are stable", RuntimeWarning, stacklevel=4)
         return int(min(max(need, self.default_rounds), MAX_DEFAULT_ROUNDS))
 
-    def solves_are_stochastic(self, ctx: Context) -> bool:
-        """Whether the clients' solves carry noise of their own: a Laplace backend whose MAP search is
-        a minibatch one at these client sizes (:func:`~fedprob.inference.laplace.map_search_settings`),
-        or a Monte Carlo backend (IVON, VON, SVI); an isotropic-family search likewise by its
-        settings. A full-batch search is deterministic."""
+    def minibatch_search(self, ctx: Context) -> bool:
+        """Whether the clients' solves are Laplace approximations at a minibatch MAP search on these
+        client sizes (:func:`~fedprob.inference.laplace.map_search_settings`: unset, from
+        ``2^27`` row-parameters of a client's gradient, networks; or a ``batch_size`` below the
+        largest client's rows). Such a search ends wherever its last minibatches left it, and the
+        site's ``P m`` carries that jitter into every round."""
         b = self.joint_backend(ctx.potential)
         if not isinstance(b, Laplace):
-            return self.family != "isotropic"
+            return False
         rows = int(np.max(np.asarray(ctx.client_sizes))) if np.size(ctx.client_sizes) else 0
         _, _, batch_size = map_search_settings(b.optimizer, b.learning_rate, b.batch_size, rows,
                                                int(ctx.potential.dim), b.num_steps)
@@ -437,7 +438,7 @@ class NaturalLoop(Algorithm):
         """The weights' exponent of the iterate average on this federation (None: no average kept)."""
         a = self.iterate_average
         if a == "auto":
-            return AUTO_AVERAGE_ETA if self.solves_are_stochastic(ctx) else None
+            return AUTO_AVERAGE_ETA if self.minibatch_search(ctx) else None
         return None if a is None else float(a)
 
     # -- protocol ---------------------------------------------------------------------------
@@ -611,8 +612,8 @@ class NaturalLoop(Algorithm):
         if server_state.average is not None:
             info["iterate_average"] = (
                 f"the polynomial-decay average of the server's natural parameters over "
-                f"{int(server_state.rounds)} rounds (weights about round^{self.average_eta(ctx):g}): the "
-                "clients' solves are stochastic, and the last round's Gaussian carries their noise")
+                f"{int(server_state.rounds)} rounds (weights about round^{self.average_eta(ctx):g}), "
+                "the loop's iterates carrying the noise of the clients' stochastic solves")
         if local is not None:
             info["local_posterior"] = ("each client's Laplace conditional of its local sites given the global "
                                        "ones, from its last solve, averaged over the final global posterior")
