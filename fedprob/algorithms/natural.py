@@ -41,6 +41,11 @@ FedLap paper's PVI form, Eqs. 5-6, is the case ``rho = alpha = 1``):
   is PVI, ``alpha = 1 / (1 + rho K)`` BayesADMM. A server precision that is
   not positive definite is reported as a non-finite update, which the engine
   rejects (the round then changes no state).
+* reported posterior: ``lambda_g`` of the last round, or with
+  ``iterate_average`` the polynomial-decay average of the rounds' ``lambda_g``
+  (:func:`average_step`), kept beside the loop's state and read by nothing
+  the loop does (BayesADMM's default where the clients' searches take
+  minibatches: :class:`~fedprob.algorithms.BayesADMM`).
 
 A straggler truncated at a deadline (:mod:`fedprob.faults`) solves its
 client problem with the steps it completed when the backend has a partial
