@@ -128,6 +128,7 @@ def test_bayes_admm_reports_the_average_nearer_the_exact_posterior_than_its_last
             res = fp.run(algo, linreg_model(), fed, rounds=rounds, seed=0, progress=False,
                          checkpoint=fp.Checkpoint(str(tmp_path)))
         assert "iterate_average" in res.posterior.info
+        assert res.posterior.info["kind"] == f"full Gaussian, the average of {rounds} rounds' (iterate_average)"
         last_err.append(np.max(np.abs(np.asarray(res.server_state.lam.mean()) - mean) / sd))
         avg_err.append(np.max(np.abs(np.asarray(res.posterior.form.mean()) - mean) / sd))
         sds = np.sqrt(np.diag(np.linalg.inv(np.asarray(res.posterior.form.precision, np.float64))))

@@ -615,6 +615,8 @@ class NaturalLoop(Algorithm):
         local = client_states.local if isinstance(client_states, NaturalClient) else None
         info = {"kind": f"{self.family} Gaussian", "algorithm": type(self).__name__}
         if server_state.average is not None:
+            info["kind"] = (f"{self.family} Gaussian, the average of {int(server_state.rounds)} rounds' "
+                            "(iterate_average)")
             info["iterate_average"] = (
                 f"the polynomial-decay average of the server's natural parameters over "
                 f"{int(server_state.rounds)} rounds (weights about round^{self.average_eta(ctx):g}), "
