@@ -551,8 +551,13 @@ class Laplace(ClientBackend):
 
     def search_settings(self, target, dim: int):
         """``(optimizer, learning_rate, batch_size)`` of this backend's MAP search on ``target``."""
-        return map_search_settings(self.optimizer, self.learning_rate, self.batch_size,
-                                   inputs.num_rows(target.data.X), dim, self.num_steps)
+        return self.search_settings_for(inputs.num_rows(target.data.X), dim)
+
+    def search_settings_for(self, rows: int, dim: int):
+        """``(optimizer, learning_rate, batch_size)`` of this backend's MAP search over ``rows`` (padded)
+        rows and ``dim`` parameters (:func:`map_search_settings`)."""
+        return map_search_settings(self.optimizer, self.learning_rate, self.batch_size, rows, dim,
+                                   self.num_steps)
 
     def run(self, key, potential, target, init) -> ClientResult:
         if self.hessian in ("full", "ggn"):

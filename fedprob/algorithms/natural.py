@@ -97,7 +97,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import gaussian as gauss
-from ..inference.laplace import Laplace, map_search_settings
+from ..inference.laplace import Laplace
 from ..inference import laplace_marginal as lm
 from .. import local_sites as loc
 from ..inference.optim import minimize
@@ -427,7 +427,7 @@ class NaturalLoop(Algorithm):
 
     def minibatch_search(self, ctx: Context) -> bool:
         """Whether the clients' solves are Laplace approximations at a minibatch MAP search on these
-        client sizes (:func:`~fedprob.inference.laplace.map_search_settings`: unset, from
+        client sizes (:meth:`~fedprob.inference.Laplace.search_settings_for`: unset, from
         ``2^27`` row-parameters of a client's gradient, networks; or a ``batch_size`` below the
         largest client's rows). Such a search ends wherever its last minibatches left it, and the
         site's ``P m`` carries that jitter into every round."""
@@ -435,8 +435,7 @@ class NaturalLoop(Algorithm):
         if not isinstance(b, Laplace):
             return False
         rows = int(np.max(np.asarray(ctx.client_sizes))) if np.size(ctx.client_sizes) else 0
-        _, _, batch_size = map_search_settings(b.optimizer, b.learning_rate, b.batch_size, rows,
-                                               int(ctx.potential.dim), b.num_steps)
+        _, _, batch_size = b.search_settings_for(rows, int(ctx.potential.dim))
         return batch_size is not None and batch_size < rows
 
     def average_eta(self, ctx: Context) -> Optional[float]:
