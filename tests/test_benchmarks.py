@@ -256,3 +256,26 @@ def test_fedpa_writers_benchmark_quick(data_root):
     assert bench.first_round([0.5] * 9 + [1.0] * 11, 0.72) == 14     # the window of rounds 5-14
     assert bench.first_round([math.nan, 0.5, math.nan, 1.0] * 5, 0.74, window=4) == 4   # unevaluated rounds left out
     assert bench.first_round([0.5] * 20, 0.75) is None
+
+
+def test_network_defaults_paper_window():
+    """benchmarks/network_defaults.py --fmnist reads each stop R also as the BayesADMM paper does: the
+    readings after rounds R-2..R averaged, then averaged over the splits that have all three (pure
+    bookkeeping on recorded rows; the runs themselves take half an hour)."""
+    nd = load_script("network_defaults")
+    rows = [{"algorithm": "BayesADMM", "split": s, "rounds": r, "accuracy": acc, "nll": nll,
+             "prediction": "mean", "round_seconds": 1.0}
+            for s, readings in ((0, {8: (0.80, 0.6), 9: (0.81, 0.5), 10: (0.82, 0.4)}),
+                                (1, {8: (0.70, 0.9), 9: (0.72, 0.8), 10: (0.74, 0.7)}),
+                                (2, {9: (0.10, 9.0), 10: (0.90, 0.1)}))          # rounds 9-10 only: left out
+            for r, (acc, nll) in readings.items()]
+    acc, nll, splits = nd.window_means(rows, "BayesADMM", 10, 3)
+    assert splits == 2
+    assert acc == pytest.approx((81 + 72) / 2) and nll == pytest.approx((0.5 + 0.8) / 2)
+    assert nd.window_means(rows, "BayesADMM", 10, 1) is None           # a window of one: the stop alone
+    assert nd.window_means(rows, "FedAvg", 10, 3) is None
+    md = nd.fmnist_markdown(rows, {"machine": "m", "jax": "j", "date": "d"}, [10], splits=[0, 1, 2])
+    line = next(l for l in md.splitlines() if l.startswith("| BayesADMM | 76.50"))
+    assert line == "| BayesADMM | 76.50 (0.650) [77.0] | 2 |"
+    # the single-reading table keeps round 10 alone: (82 + 74 + 90) / 3
+    assert "| BayesADMM | 3 | 82.0 (0.400)" in md
