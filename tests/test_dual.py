@@ -1,5 +1,6 @@
 """The natural-parameter (dual) family against exact oracles: conjugate Gaussian posteriors,
 the pooled MAP of a logistic regression, and the papers' update equations run in numpy."""
+import types
 import warnings
 
 import jax
@@ -392,12 +393,10 @@ def natural_loop_numpy(Xs, ys, rounds, gamma, alpha, rho=1.0):
     return lin_g / s_g, s_g
 
 
-def test_bayes_admm_default_step_with_a_client_holding_most_of_the_curvature():
-    """BayesADMM's default dual step (0.2, twice the paper's 0.1) on 10 logistic-regression clients, one
-    holding 3,000 of 4,800 rows and nearly all the curvature of one input (past the 6 / (K + 1) share
-    at which its round-2 quadratic term turns negative): no client is left out, and the default rounds
-    reach the pooled MAP (the fixed point's mean for Laplace clients) within 0.05 posterior sd, as the
-    paper's 0.1 does."""
+def one_dominant_client_federation():
+    """``(fed, pooled MAP, its Laplace sd)``: 10 logistic-regression clients, one holding 3,000 of 4,800 rows
+    and nearly all the curvature of one input; the pooled MAP and sd under the N(0, 1) prior by Newton's
+    method in float64."""
     rng = np.random.default_rng(0)
     w = np.array([1.5, -2.0, 0.5, 1.0])
     clients = []
@@ -406,20 +405,53 @@ def test_bayes_admm_default_step_with_a_client_holding_most_of_the_curvature():
         X[:, 3] *= 3.0 if k == 0 else 0.1
         clients.append((X.astype(np.float32), (rng.uniform(size=n) < 1 / (1 + np.exp(-X @ w))).astype(np.int32)))
     fed = fp.data.FederatedData.from_clients(clients, num_classes=2)
-    # the pooled MAP and Laplace sd under the N(0, 1) prior, by Newton's method in float64
     X = np.concatenate([np.c_[c[0], np.ones(len(c[0]))] for c in clients]).astype(np.float64)
     y = np.concatenate([c[1] for c in clients]).astype(np.float64)
     theta = newton(lambda w: nll_grad_hess(X, y, w)[0] + w, lambda w: nll_grad_hess(X, y, w)[1] + np.eye(5),
                    np.zeros(5), steps=30)
     sd = np.sqrt(np.diag(np.linalg.inv(nll_grad_hess(X, y, theta)[1] + np.eye(5))))
+    return fed, theta, sd
+
+
+def test_bayes_admm_default_step_with_a_client_holding_most_of_the_curvature():
+    """BayesADMM's default dual step (0.3, three times the paper's 0.1) on 10 logistic-regression clients,
+    one holding 3,000 of 4,800 rows and nearly all the curvature of one input (past the 4.3 / (K + 1) share
+    at which its round-2 quadratic term turns negative; the unset family is the full one here, whose
+    term is not floored): no client is left out, and the default rounds reach the pooled MAP (the fixed
+    point's mean for Laplace clients) within 0.05 posterior sd, as the paper's 0.1 does."""
+    fed, theta, sd = one_dominant_client_federation()
     algo = BayesADMM()
-    assert algo.damping == 0.2
+    assert algo.damping == 0.3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = fp.run(algo, fp.models.logistic_regression(prior_scale=1.0), fed, seed=0, progress=False)
     assert not any(h.get("excluded") for h in res.history)
     got = np.r_[np.asarray(res.posterior.mean["w"]), np.asarray(res.posterior.mean["b"])]
     assert np.all(np.abs(got - theta) < 0.05 * sd), ((got - theta) / sd, len(res.history))
+
+
+def test_diagonal_bayes_admm_floors_a_negative_gaussian_term_at_the_prior():
+    """The diagonal loop with a server mix (BayesADMM) floors its client problem's Gaussian term
+    ``S_g - U_k / rho`` at the prior precision (centred at the server mean) where the duals' overshoot
+    takes it below: on the one-dominant-client federation at a dual step of 0.5 (the term negative along
+    the dominated input from round 2) no client is left out and the default rounds reach the pooled MAP
+    within 0.05 posterior sd. Without the floor the same run left clients out in 6 rounds and ended
+    0.57 sd away (0.13 and 0.15 sd at the steps 0.2 and 0.3, against 0.11 and 0.06 with it)."""
+    fed, theta, sd = one_dominant_client_federation()
+    algo = BayesADMM(family="diag", damping=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = fp.run(algo, fp.models.logistic_regression(prior_scale=1.0), fed, seed=0, progress=False)
+    assert not any(h.get("excluded") for h in res.history)
+    got = np.r_[np.asarray(res.posterior.mean["w"]), np.asarray(res.posterior.mean["b"])]
+    assert np.all(np.abs(got - theta) < 0.05 * sd), ((got - theta) / sd, len(res.history))
+    # the floor's condition: a server mix, rho >= 1 and the diagonal family (Prop. 3.2's rho = 1/K and the
+    # full family keep the paper's term; PVI has no mix)
+    ctx = types.SimpleNamespace(num_clients=10)
+    assert algo.loop().floors_the_gaussian_term(ctx)
+    assert not BayesADMM(family="full").loop().floors_the_gaussian_term(ctx)
+    assert not BayesADMM(family="diag", rho=0.1, damping=None).loop().floors_the_gaussian_term(ctx)
+    assert not PVI(family="diag").loop().floors_the_gaussian_term(ctx)
 
 
 @pytest.mark.parametrize("name", [pytest.param("PVI", marks=pytest.mark.slow),
@@ -430,8 +462,8 @@ def test_defaults_on_four_clients_of_4000_rows(x64, name):
     recursion of the loop, the mean is within 0.1 posterior sd of the exact mean and the precision
     is the mean-field one (diag of the exact precision) less the part of the client curvature the
     damped duals have not yet taken in: PVI and FedLap-Cov (damping 1/K = 0.25) run 17 rounds by
-    default, enough for (1 - 1/K)^17 = 0.75% (after 10 rounds it was 5.6%); BayesADMM (gamma = 0.2
-    with alpha = 1/(1 + K)) runs the 15 rounds its two-rate recursion needs for 1% (10 rounds at
+    default, enough for (1 - 1/K)^17 = 0.75% (after 10 rounds it was 5.6%); BayesADMM (gamma = 0.3
+    with alpha = 1/(1 + K)) runs the 18 rounds its two-rate recursion needs for 1% (10 rounds at
     gamma = 0.1 fell 5.9% short). BayesADMM's unset family would be "full" here: the diagonal loop is
     the one checked."""
     Xs, ys, fed = linreg_fed([4000] * 4)
@@ -441,7 +473,7 @@ def test_defaults_on_four_clients_of_4000_rows(x64, name):
     algo = {"PVI": PVI(family="diag"), "FedLapCov": FedLapCov(), "BayesADMM": BayesADMM(family="diag")}[name]
     res = run(algo, linreg_model(PRIOR, SIGMA), fed, None)
     g = res.posterior.form
-    gamma, alpha, rounds = (0.2, 1 / 5, 15) if name == "BayesADMM" else (0.25, 1.0, 17)
+    gamma, alpha, rounds = (0.3, 1 / 5, 18) if name == "BayesADMM" else (0.25, 1.0, 17)
     assert len(res.history) == rounds
     m_np, s_np = natural_loop_numpy(Xs, ys, rounds, gamma, alpha)
     np.testing.assert_allclose(np.asarray(g.precision), s_np, rtol=1e-6)
@@ -468,7 +500,8 @@ def test_default_rounds_take_damped_sites_to_99_percent():
     assert PVI(damping=0.5).rounds_for(4, sizes, 4) == 10            # 7 rounds needed: at least 10
     assert PVI(damping=1.0).rounds_for(4, sizes, 4) == 10
     assert PVI().rounds_for(85, [10] * 85, 85) == 100                # capped
-    assert BayesADMM().rounds_for(4, sizes, 4) == 15                  # e_t = (0.05 t - 1) (0.8)^t
+    assert BayesADMM().rounds_for(4, sizes, 4) == 18                  # e_t = -0.4 (0.8)^t - 0.6 (0.7)^t
+    assert BayesADMM(damping=0.2).rounds_for(4, sizes, 4) == 15       # e_t = (0.05 t - 1) (0.8)^t
     assert BayesADMM().rounds_for(20, [10] * 20, 20) == 94            # 1 - alpha = 20/21 dominates
     assert BayesADMM(rho=1 / 4, damping=1 / 4).rounds_for(4, sizes, 4) == 10    # Prop. 3.2: one round
     with pytest.warns(RuntimeWarning, match="BayesADMM: the default 100 rounds bring the server precision"):
@@ -480,8 +513,8 @@ def test_default_rounds_take_damped_sites_to_99_percent():
     curv = mf_prec - 1 / PRIOR ** 2
     r = BayesADMM().rounds_for(3, [100, 400, 1600], 3)
     for n in (1, 3, 10, r - 1, r, r + 10):
-        short = (mf_prec - natural_loop_numpy(Xs, ys, n, 0.2, 1 / 4)[1]) / curv
-        np.testing.assert_allclose(short, 1 - _server_mix_reached(0.2, 1 / 4, n), atol=1e-9)
+        short = (mf_prec - natural_loop_numpy(Xs, ys, n, 0.3, 1 / 4)[1]) / curv
+        np.testing.assert_allclose(short, 1 - _server_mix_reached(0.3, 1 / 4, n), atol=1e-9)
         assert (abs(short[0]) < 0.01) == (n >= r) or n == 10, (n, r, short)
     assert FedDyn().rounds_for(4, sizes, 4) == 10
     for K, g in ((4, 0.25), (10, 0.1)):

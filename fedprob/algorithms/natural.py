@@ -22,6 +22,11 @@ FedLap paper's PVI form, Eqs. 5-6, is the case ``rho = alpha = 1``):
   :class:`~fedprob.inference.Laplace` (delta approximation at the mode with
   its curvature: FedLap-Cov), :class:`~fedprob.inference.IVON`
   (variational, diagonal: BayesADMM Alg. 1) or a full-covariance backend.
+  With a server mix ``alpha < 1``, ``rho >= 1`` and the diagonal family the
+  Gaussian term's precision is floored at the prior's, centred at the server
+  mean, where the duals' early overshoot takes it below
+  (:meth:`NaturalLoop.client_target`; it is at least the prior's at the fixed
+  point, so the fixed point is the paper's).
   The isotropic family only needs the mode (delta approximation, FedLap and
   ADMM): ``lambda_k = (s m_k, s)``.
 * dual (site) update ``lambda_hat_k += gamma_k (lambda_k - lambda_g)``; the
@@ -396,11 +401,11 @@ class NaturalLoop(Algorithm):
         most :data:`MAX_DEFAULT_ROUNDS`. With a server mix ``alpha < 1``
         (BayesADMM) the precision's error follows a two-rate recursion
         (:func:`_server_mix_rounds`): the default is the number of rounds it
-        needs to stay below 1% (at BayesADMM's default ``gamma = 0.2``, ``rho = 1``:
-        15 rounds for 4 clients, 37 for 8, 47 for 10, 94 for 20, where
-        ``1 - alpha = K / (K + 1)`` has overtaken ``1 - gamma``; at ``gamma = 0.1``
-        25, 34, 44 and 93, and 10 rounds left 6% of the curvature out at 4
-        clients, 27% at 8).
+        needs to stay below 1% (at BayesADMM's default ``gamma = 0.3``, ``rho = 1``:
+        18 rounds for 4 clients, 38 for 8, 47 for 10, 94 for 20, where
+        ``1 - alpha = K / (K + 1)`` has overtaken ``1 - gamma``; at ``gamma = 0.2``
+        15, 37, 47 and 94; at ``gamma = 0.1`` 25, 34, 44 and 93, and 10 rounds
+        left 6% of the curvature out at 4 clients, 27% at 8).
         """
         sizes = np.asarray(client_sizes, np.float64)
         K, M = int(num_clients), int(clients_per_round)
@@ -459,11 +464,32 @@ class NaturalLoop(Algorithm):
             return NaturalServer(prior, zero, prior, start[:dg], **avg), stack_init(ctx.num_clients, client)
         return NaturalServer(prior, zero, prior, start, **avg), stack_init(ctx.num_clients, zero)
 
-    def client_target(self, ctx: Context, lam_g: Gaussian, site: Gaussian, data):
-        """The LocalTarget whose ``-ELBO`` (times rho) is the client problem (module docstring)."""
+    def floors_the_gaussian_term(self, ctx: Context) -> bool:
+        """Whether the client problem's Gaussian term is floored at the prior (:meth:`client_target`):
+        a server mix ``alpha < 1`` (BayesADMM), ``rho >= 1`` and the diagonal family."""
+        return self.family == "diag" and self.alpha_value(ctx) < 1.0 and self.rho_value(ctx) >= 1.0
+
+    def client_target(self, ctx: Context, lam_g: Gaussian, site: Gaussian, data,
+                      server: Optional[NaturalServer] = None):
+        """The LocalTarget whose ``-ELBO`` (times rho) is the client problem (module docstring).
+
+        The Gaussian term is ``lambda_g - lambda_hat_k / rho``. With a server mix ``alpha < 1``
+        (BayesADMM), ``rho >= 1`` and the diagonal family its precision ``S_g - U_k / rho`` is, at the
+        fixed point, ``S_0 + sum_{j != k} U_j + (1 - 1/rho) U_k`` (with PSD client curvature at least the
+        prior's ``S_0``), but the server mix lets the duals overshoot in the first rounds, and where
+        one client holds most of a coordinate's curvature (a class only it has) the term turns
+        negative there and a loss with linear tails is unbounded below. Given ``server``, each
+        coordinate whose term precision is below the prior's is replaced by the prior's precision
+        centred at the server mean (``S_0 m_g, S_0``): the client's solve stays bounded and in the
+        round, and the fixed point, where the floor does not bind, is unchanged."""
         rho = self.rho_value(ctx)
-        term = loc.embed_global(Gaussian(lam_g.linear - site.linear / rho, lam_g.precision - site.precision / rho),
-                                ctx.dim)
+        linear, precision = lam_g.linear - site.linear / rho, lam_g.precision - site.precision / rho
+        if server is not None and self.floors_the_gaussian_term(ctx):
+            floor = server.prior.precision
+            low = precision < floor
+            precision = jnp.where(low, floor, precision)
+            linear = jnp.where(low, floor * lam_g.mean(), linear)
+        term = loc.embed_global(Gaussian(linear, precision), ctx.dim)
         return make_target(data, ctx.dim, prior_weight=0.0, likelihood_weight=1.0 / (rho * float(self.tau)),
                            linear=term.linear, precision=term.precision)
 
@@ -479,7 +505,7 @@ class NaturalLoop(Algorithm):
         """``(lambda_k, mode, diagnostics)`` of the client problem (stopped after ``max_steps`` steps);
         with client-local sites (``local``: the client's conditional, whose mean starts the local
         block) ``(lambda_k, mode_global, diagnostics, new conditional)``."""
-        target = self.client_target(ctx, server.lam, site, data)
+        target = self.client_target(ctx, server.lam, site, data, server)
         backend = self.backend
         if local is not None:
             extra = {} if max_steps is None else {"max_steps": max_steps}
