@@ -87,8 +87,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import COLUMNS, LEGEND, run_demo, table_header, table_line
+    from .demo import COLUMNS, LEGEND, demo_methods, run_demo, select_methods, table_header, table_line
 
+    select_methods(args.methods, demo_methods(4, True))     # an unknown name fails before anything is written
     out = None
     if args.out:
         from .rundir import prepare
@@ -100,7 +101,7 @@ def cmd_demo(args) -> int:
         print(table_header(), flush=True)
 
     rows = run_demo(rounds=args.rounds, quick=args.quick, progress=not args.quiet, seed=args.seed, out=out,
-                    on_start=start, on_row=lambda row: print(table_line(row), flush=True))
+                    on_start=start, on_row=lambda row: print(table_line(row), flush=True), methods=args.methods)
     print()
     print(LEGEND)
     if out is not None:
@@ -166,6 +167,9 @@ def parser() -> argparse.ArgumentParser:
                    help="rounds of the multi-round methods (default 20; 4 with --quick)")
     d.add_argument("--quick", action="store_true",
                    help="a smaller, faster version: 4 rounds (unless --rounds), shorter sampler chains")
+    d.add_argument("--methods", metavar="NAMES",
+                   help="only these methods, comma-separated (a row's name, or its name before the parenthesis: "
+                        "--methods FedAvg,PVI)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--force", action="store_true", help="overwrite an existing --out directory")
     d.add_argument("--quiet", action="store_true")

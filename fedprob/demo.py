@@ -12,6 +12,8 @@ difference in calibration (NLL, ECE) at about the same accuracy.
 4 rounds unless ``rounds`` is given (FedPA: its two burn-in rounds, then two
 sampling rounds) and the cyclical SGHMC clients take 200 steps (4 cycles of
 50, 3 draws per cycle; no lengthening toward an effective-sample-size target).
+``methods`` runs only the named rows (``select_methods``: a row's full name, or its name before the
+parenthesis, case-insensitive; "PVI" selects "PVI(Laplace, diag)").
 """
 from __future__ import annotations
 
@@ -47,6 +49,29 @@ def demo_methods(rounds: int, quick: bool):
         ("Ensemble(cSGHMC)", A.Ensemble(client=sampler), 1),
         ("PredictiveBayes(cSGHMC)", A.PredictiveBayes(client=sampler), 1),
     ]
+
+
+def select_methods(methods, rows):
+    """The demo rows named in ``methods`` (an iterable of names, or one comma-separated string), in the
+    demo's order: a name matches a row's full name or its name before "(", ignoring case. ``None``: every
+    row. An unknown name raises ValueError listing the rows."""
+    if methods is None:
+        return list(rows)
+    if isinstance(methods, str):
+        methods = methods.split(",")
+    wanted = [m.strip().lower() for m in methods if m.strip()]
+    if not wanted:
+        raise ValueError("methods: no method named")
+
+    def keys(name):
+        return {name.lower(), name.split("(")[0].strip().lower()}
+
+    names = [r[0] for r in rows]
+    unknown = [m for m in wanted if not any(m in keys(n) for n in names)]
+    if unknown:
+        raise ValueError(f"methods: unknown demo method(s) {', '.join(unknown)}; the demo's methods are "
+                         + ", ".join(names))
+    return [r for r in rows if keys(r[0]) & set(wanted)]
 
 
 def summary_row(name: str, result, total: float) -> dict:
@@ -97,8 +122,9 @@ def table_header(columns=COLUMNS) -> str:
 
 
 def run_demo(rounds: Optional[int] = None, quick: bool = False, progress: bool = True, seed: int = 0, out=None,
-             on_start=None, on_row=None):
-    """Run every demo method on digits and return one summary row per method.
+             on_start=None, on_row=None, methods=None):
+    """Run every demo method (or those named in ``methods``: :func:`select_methods`) on digits and return
+    one summary row per method.
 
     out: a directory to write one run directory per method into (:mod:`fedprob.rundir`).
     on_start(text): called first with :func:`describe`'s line; on_row(row): with each row as its
@@ -113,11 +139,12 @@ def run_demo(rounds: Optional[int] = None, quick: bool = False, progress: bool =
     if rounds is None:
         rounds = 4 if quick else 20
     check_int("rounds", rounds)
+    chosen = select_methods(methods, demo_methods(rounds, quick))
     text = describe(fed, ds.test, rounds, quick, seed)
     if on_start is not None:
         on_start(text)
     rows = []
-    for name, algo, r in demo_methods(rounds, quick):
+    for name, algo, r in chosen:
         t = time.perf_counter()
         result = run(algo, model, fed, rounds=r, seed=seed, eval_data=ds.test, progress=progress,
                      eval_every=max(r, 1))

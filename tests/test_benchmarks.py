@@ -62,6 +62,29 @@ def test_engine_benchmark_quick(tmp_path):
     assert not any(tmp_path.iterdir())     # --quick writes no result files
 
 
+def test_inference_benchmark_steps_and_clients_quick(tmp_path):
+    """The default run's version of test_inference_benchmark_quick (slow: its ESS sections, 45 s in all): the
+    step-over-gradient and clients-over-loop sections at CI size, every ratio the tables print recomputed
+    from its parts. The ESS claims it leaves to the slow test are also oracles elsewhere: a preconditioned
+    chain mixes where the plain one does not in tests/test_precondition.py, NUTS against exact posteriors in
+    tests/test_nuts.py."""
+    bench = load_script("inference")
+    out = bench.main(["--quick", "--sections", "steps,clients", "--out", str(tmp_path)])
+    assert {r["sampler"] for r in out["steps"]} >= {"SGLD", "IASG"}
+    for r in out["steps"]:
+        for k in ("step_us", "bare_gradient_us", "step_over_gradient", "steps_per_s", "bandwidth_fraction"):
+            assert positive_finite(r[k]), (k, r)
+        assert math.isclose(r["steps_per_s"], 1e6 / r["step_us"])
+        assert math.isclose(r["step_over_gradient"], r["step_us"] / r["bare_gradient_us"], rel_tol=1e-2)
+    (row,) = out["clients"]
+    assert row["clients"] == 10
+    assert math.isclose(row["client_steps_per_s"], 1e3 * row["clients"] * row["steps"] / row["vmapped_ms"])
+    assert row["loop_over_vmapped_best"] > 1 / 1.5, row
+    assert out["ess"] == [] and out["ess_per_gradient"] == []
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow       # 45 s; its default-run version is test_inference_benchmark_steps_and_clients_quick
 def test_inference_benchmark_quick(tmp_path):
     bench = load_script("inference")
     out = bench.main(["--quick", "--out", str(tmp_path)])
@@ -206,6 +229,8 @@ def test_ep_benchmark_quick():
     assert abs(sample["global_mean_err_sd"]) < 0.3 and abs(sample["global_sd_ratio"] - 1) < 0.15
 
 
+@pytest.mark.slow     # 18 s cold; the search's stop is an oracle in the default run: tests/test_laplace.py::
+#                       test_full_batch_search_stops_when_the_loss_stalls_at_the_fixed_length_answer
 def test_map_search_benchmark_quick():
     """benchmarks/map_search.py --quick: BayesADMM with Laplace clients, the search stopped when its loss
     stalls against all 200 L-BFGS steps (8 rounds): the same posterior, several times faster."""
@@ -215,6 +240,8 @@ def test_map_search_benchmark_quick():
     assert positive_finite(row["fixed_over_stall"]) and row["fixed_over_stall"] > 2, row
 
 
+@pytest.mark.slow     # 12 s cold; the curvatures are oracles in the default run: tests/test_laplace.py::
+#                       test_diag_ggn_on_a_network_exact_by_cotangents_and_unbiased_by_sampled_labels
 def test_network_curvature_benchmark_quick():
     """benchmarks/network_curvature.py --quick: the diagonal GGN of an MLP by per-row Jacobians, by one
     reverse pass per row and class (the same numbers), and as a Monte Carlo Fisher; FedLap-Cov with
@@ -242,20 +269,28 @@ def test_one_round_clients_benchmark_quick():
     assert row["accuracy"] > 0.6, row
 
 
-def test_fedpa_writers_benchmark_quick(data_root):
-    """benchmarks/fedpa_writers.py --quick: MNIST rows over 40 writers with label, size and style skew,
-    FedAvg-ME and FedPA-ME with the same client steps and server optimiser, 4 rounds of 4 writers: one
-    accuracy per round, every writer's rows styled, the table's rounds-to-target column computed."""
+def test_fedpa_writers_federation_and_rounds_to_target(data_root):
+    """benchmarks/fedpa_writers.py's federation (MNIST rows over 40 writers with label, size and style skew)
+    and its rounds-to-target column; the runs themselves are test_fedpa_writers_benchmark_quick (slow)."""
     bench = load_script("fedpa_writers")
     fed, (Xt, yt) = bench.writers(data_root, 40, seed=0, test_rows=100)
     assert fed.num_clients == 40 and Xt.shape == (100, 784) and 0.0 <= Xt.min() and Xt.max() <= 1.0
+    assert bench.first_round([0.5] * 9 + [1.0] * 11, 0.72) == 14     # the window of rounds 5-14
+    assert bench.first_round([math.nan, 0.5, math.nan, 1.0] * 5, 0.74, window=4) == 4   # unevaluated rounds left out
+    assert bench.first_round([0.5] * 20, 0.75) is None
+
+
+@pytest.mark.slow     # 22 s: FedPA-ME's client phases on 784-dimensional MNIST rows
+def test_fedpa_writers_benchmark_quick(data_root):
+    """benchmarks/fedpa_writers.py --quick: FedAvg-ME and FedPA-ME with the same client steps and server
+    optimiser, 4 rounds of 4 writers: one accuracy per round. Its federation and rounds-to-target column
+    are test_fedpa_writers_federation_and_rounds_to_target in the default run; FedPA's deltas against
+    their exact values are in tests/test_fedpa.py."""
+    bench = load_script("fedpa_writers")
     rows = bench.main(["--quick"])
     assert [r["method"] for r in rows] == ["FedAvg-ME", "FedPA-ME"]
     for r in rows:
         assert len(r["accuracy"]) == 4 and all(0.0 <= a <= 1.0 for a in r["accuracy"]), r
-    assert bench.first_round([0.5] * 9 + [1.0] * 11, 0.72) == 14     # the window of rounds 5-14
-    assert bench.first_round([math.nan, 0.5, math.nan, 1.0] * 5, 0.74, window=4) == 4   # unevaluated rounds left out
-    assert bench.first_round([0.5] * 20, 0.75) is None
 
 
 def test_network_defaults_paper_window():

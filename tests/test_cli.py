@@ -26,7 +26,27 @@ seed = 0
 """
 
 
+def test_demo_methods_print_their_rows_and_learn(capsys):
+    """The default run's version of test_demo_quick_prints_table (slow: every method, 54 s): the quick demo
+    of two methods, one point estimate and one Bayesian, chosen by --methods; both learn digits well above
+    chance. An unknown method name fails in one line, naming the demo's methods."""
+    assert cli.main(["demo", "--quick", "--quiet", "--methods", "fedavg, PVI"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}
+    assert set(rows) == {"FedAvg", "PVI(Laplace, diag)"}
+    header = next(line for line in out.splitlines() if line.startswith("| method"))
+    header = [c.strip() for c in header.split("|")[2:-1]]
+    for name in rows:
+        assert float(rows[name][header.index("accuracy")]) > 0.5, name
+    assert cli.main(["demo", "--quick", "--methods", "FedAvg,SGLD"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown demo method(s) sgld" in err and "PredictiveBayes(cSGHMC)" in err
+
+
+@pytest.mark.slow
 def test_demo_quick_prints_table(capsys):
+    """Slow (54 s: every demo method); its default-run version is test_demo_methods_print_their_rows_and_learn."""
     assert cli.main(["demo", "--quick", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "| method |" in out and "FedAvg" in out and "PredictiveBayes" in out

@@ -6,9 +6,8 @@ import numpy as np
 
 import fedprob as fp
 from fedprob.algorithms.base import Context
-from fedprob.algorithms.one_round import run_client_phase
 from fedprob.client_map import vmap_clients
-from fedprob.engine import local
+from fedprob.engine import client_phase, local
 from fedprob.inference import SGLD
 from fedprob.run import get_potential
 
@@ -76,7 +75,10 @@ def test_one_client_phase_equals_vmapped_phase():
             return algo.run_client(ctx, dd, jax.random.split(k)[0], sk)
         return jax.vmap(one)(d, ks)
 
-    got = jax.jit(lambda d, ks, sk: run_client_phase(algo, ctx, d, ks, sk))(data, keys, start)
+    # the compiled client phase as fp.run compiles and caches it (without progress reports, as
+    # progress=False runs it): the fp.run below reuses it instead of compiling it again
+    phase, _ = client_phase.compiled_phase(algo, ctx, data, keys, start, None, reports=False)
+    got = phase(data, keys, start)
     want = jax.jit(vmapped)(data, keys, start)
     assert got.posterior.draws.shape == want.posterior.draws.shape == (1, 20, 3)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):

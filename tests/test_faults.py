@@ -46,7 +46,13 @@ ITERATIVE = {
 }
 
 
-@pytest.mark.parametrize("name", list(ITERATIVE))
+#: one algorithm per server kind stays in the default run (FedAvg/FedProx: averaged deltas, FedPA: sampling
+#: clients, PVI: the natural-parameter loop); the other natural-parameter loops run with -m slow
+SLOW_QUARANTINE = {"BayesADMM", "FedLap", "ADMM", "FedDyn"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_QUARANTINE else n
+                                  for n in ITERATIVE])
 def test_client_scaled_by_1e30_is_quarantined_and_named(name):
     fed = fp.data.FederatedData.from_clients(clients(scale=2))
     with pytest.warns(RuntimeWarning, match="not finite"):

@@ -30,9 +30,10 @@ def execute(path, tmp_path, monkeypatch) -> str:
     return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
 
 
-#: the notebooks that take minutes run with the slow tests (``pytest -m slow``); in the default run
-#: every notebook's code is checked by ``test_notebook_code_parses_and_its_fedprob_names_exist``
-SLOW_NOTEBOOKS = {"hierarchical", "one_round_heterogeneity", "dual_credit"}
+#: the notebooks that take minutes (and fedavg_vs_fedpa, 15 s) run with the slow tests (``pytest -m slow``);
+#: in the default run the quickstart executes in a kernel and every notebook's code is checked by
+#: ``test_notebook_code_parses_and_its_fedprob_names_exist``
+SLOW_NOTEBOOKS = {"hierarchical", "one_round_heterogeneity", "dual_credit", "fedavg_vs_fedpa"}
 
 
 def _cases():

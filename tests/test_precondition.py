@@ -72,8 +72,9 @@ def test_control_variate_gradient_is_exact_at_the_mode_and_unbiased_elsewhere():
     assert np.all(g_cv.var(0) < 0.01 * g_plain.var(0))                     # the variance it removes
 
 
-@pytest.mark.parametrize("backend", [SGHMC, SGLD])
+@pytest.mark.parametrize("backend", [SGHMC, pytest.param(SGLD, marks=pytest.mark.slow)], ids=["SGHMC", "SGLD"])
 def test_whitened_chain_mixes_where_the_plain_one_does_not(backend):
+    """(SGHMC, the default sampler, in the default run; SGLD, same assertions, with the slow tests.)"""
     pot, target, mean, P = ill_conditioned_client()
     sd = np.sqrt(np.diag(np.linalg.inv(P)))
 

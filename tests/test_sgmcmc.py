@@ -126,7 +126,16 @@ SAMPLERS = {
 }
 
 
-@pytest.mark.parametrize("name", list(SAMPLERS))
+#: one sampler per update rule stays in the default run (SGHMC and cyclical SGHMC full batch, SGLD with
+#: minibatches, so that the minibatch branch of the checks runs); the other cases, same assertions, run with
+#: the slow tests (``pytest -m slow``). pSGLD and the samplers' defaults are also checked against exact
+#: posteriors in the default run by test_backend_defaults.py (240 rows) and test_sgmcmc_defaults.py
+#: (gradient-noise cap with minibatches).
+DEFAULT_RUN_SAMPLERS = {"SGLD-minibatch", "SGHMC", "CyclicalSGHMC"}
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT_RUN_SAMPLERS else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in SAMPLERS])
 def test_sampler_matches_exact_posterior(name):
     """Default (adapted) step sizes: pooled moments within MEAN_TOL / SD_RANGE; diagnostics sane."""
     res = run_chains(SAMPLERS[name])
@@ -156,8 +165,11 @@ def test_sampler_matches_exact_posterior(name):
         assert np.all(steps.std(1) > 0)                           # draws at several points of the cycle
 
 
-def test_clients_under_vmap_match_their_own_posteriors():
-    """Three clients of different sizes, padded (FederatedData), one vmapped SGHMC run each."""
+@pytest.mark.parametrize("precondition", ["auto", pytest.param(None, marks=pytest.mark.slow)])
+def test_clients_under_vmap_match_their_own_posteriors(precondition):
+    """Three clients of different sizes, padded (FederatedData), one vmapped SGHMC run each. The default
+    (``precondition="auto"``) runs in the default run; ``precondition=None`` (same assertions) with the
+    slow tests."""
     clients = [make_data(n, seed) for n, seed in [(40, 1), (64, 2), (25, 3)]]
     fed = FederatedData.from_clients(clients)
     targets = jax.vmap(lambda d: make_target(d, D))(fed.client_data())
@@ -166,14 +178,14 @@ def test_clients_under_vmap_match_their_own_posteriors():
            for X, y in clients]
     # precondition=None: the adapted step is 0.25 / lambda_max of each client's own posterior precision;
     # the default (Laplace whitening) runs where every curvature is 1: the step is 0.25
-    for precondition, expected in ((None, 0.25 / np.array(lam)), ("auto", np.full(3, 0.25))):
-        backend = SGHMC(precondition=precondition, **SHORT)
-        res = jit(lambda k, t, z: backend.run_clients(k, POT, t, z))(jax.random.PRNGKey(3), targets, inits)
-        draws = np.asarray(res.posterior.draws)
-        assert draws.shape == (3, SHORT["num_samples"], D)
-        for k, (X, y) in enumerate(clients):
-            check_moments(f"client {k}", draws[k], *linreg_exact_posterior([X], [y], SIGMA, PRIOR_SCALE))
-        np.testing.assert_allclose(res.diagnostics["step_size"], expected, rtol=1e-3)
+    expected = 0.25 / np.array(lam) if precondition is None else np.full(3, 0.25)
+    backend = SGHMC(precondition=precondition, **SHORT)
+    res = jit(lambda k, t, z: backend.run_clients(k, POT, t, z))(jax.random.PRNGKey(3), targets, inits)
+    draws = np.asarray(res.posterior.draws)
+    assert draws.shape == (3, SHORT["num_samples"], D)
+    for k, (X, y) in enumerate(clients):
+        check_moments(f"client {k}", draws[k], *linreg_exact_posterior([X], [y], SIGMA, PRIOR_SCALE))
+    np.testing.assert_allclose(res.diagnostics["step_size"], expected, rtol=1e-3)
 
 
 # -- single steps against BlackJAX and by hand ------------------------------------------------

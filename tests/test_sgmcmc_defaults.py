@@ -74,15 +74,26 @@ def shifted_clients(seed=0, K=3, n=4000, d=4):
     return out
 
 
+_FEDERATION_RUNS = {}
+
+
 def run_federation(backend, clients, seed, chains=CHAINS):
-    """``chains`` runs of ``backend.run_clients`` over the padded clients; draws (K, chains*S, d)."""
+    """``chains`` runs of ``backend.run_clients`` over the padded clients; draws (K, chains*S, d).
+
+    The targets (the data) are an argument of the compiled function, which is kept per (backend, data
+    shapes, chains): tests that run the same backend on data of the same shapes share one compile. The
+    potential is built once per data shape (the same model; its example rows only fix shapes and dtypes)."""
     fed = FederatedData.from_clients(clients)
-    pot = Potential(linreg_model(1.0, SIGMA), fed.X[0], fed.y[0])
-    targets = jax.vmap(lambda dd: make_target(dd, pot.dim))(fed.client_data())
+    targets = jax.vmap(lambda dd: make_target(dd, fed.X.shape[-1]))(fed.client_data())
     K = len(clients)
-    f = jax.jit(jax.vmap(lambda k: backend.run_clients(k, pot, targets, jnp.zeros((K, pot.dim)))),
-                compiler_options=FAST_COMPILE)
-    res = f(jax.random.split(jax.random.PRNGKey(seed), chains))
+    key = (backend, fed.X.shape, fed.X.dtype.str, fed.y.shape, fed.y.dtype.str, chains)
+    if key not in _FEDERATION_RUNS:
+        pot = Potential(linreg_model(1.0, SIGMA), fed.X[0], fed.y[0])
+        _FEDERATION_RUNS[key] = pot, jax.jit(jax.vmap(
+            lambda k, t: backend.run_clients(k, pot, t, jnp.zeros((K, pot.dim))), in_axes=(0, None)),
+            compiler_options=FAST_COMPILE)
+    pot, f = _FEDERATION_RUNS[key]
+    res = f(jax.random.split(jax.random.PRNGKey(seed), chains), targets)
     draws = np.asarray(res.posterior.draws, np.float64)             # (chains, K, S, d)
     draws = np.moveaxis(draws, 0, 1).reshape(K, -1, pot.dim)
     return draws, {k: np.asarray(v) for k, v in res.diagnostics.items()}
@@ -204,13 +215,15 @@ def test_a_stretched_cycle_reports_progress_through_its_exploration(monkeypatch)
 
 # -- IASG: what its docstring promises at defaults ---------------------------------------------
 
-def test_iasg_defaults_full_batch_sit_at_the_mode():
+@pytest.mark.parametrize("problem", ["240_rows", pytest.param("shifted_3x1000", marks=pytest.mark.slow)])
+def test_iasg_defaults_full_batch_sit_at_the_mode(problem):
     """Full batch, adapted step: SGD converges and the draws collapse onto the mode (here the
-    posterior mean): within 0.01 posterior sd, spread below 0.01 sd."""
-    for clients in (regression_240(), shifted_clients(3, n=1000)):
-        draws, diag = run_federation(IASG(), clients, seed=3, chains=1)
-        z, r = errors(draws, clients)
-        assert np.all(np.abs(z) < 0.01) and np.all(r < 0.01), (z, r)
+    posterior mean): within 0.01 posterior sd, spread below 0.01 sd. (The 240-row client in the
+    default run, the three shifted clients of 1,000 rows with the slow tests.)"""
+    clients = regression_240() if problem == "240_rows" else shifted_clients(3, n=1000)
+    draws, diag = run_federation(IASG(), clients, seed=3, chains=1)
+    z, r = errors(draws, clients)
+    assert np.all(np.abs(z) < 0.01) and np.all(r < 0.01), (z, r)
 
 
 def test_iasg_defaults_minibatch_follow_the_sgd_stationary_law():
@@ -239,7 +252,7 @@ def linreg_sigma1(X, y=None):
         numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
 
 
-@pytest.mark.parametrize("cls", [SGLD, SGHMC])
+@pytest.mark.parametrize("cls", [pytest.param(SGLD, marks=pytest.mark.slow), SGHMC], ids=["SGLD", "SGHMC"])
 def test_gradient_noise_cap_holds_for_the_stiff_coordinate(cls):
     """6 independent features, the first 10 times larger (100 times the curvature and the
     gradient-noise variance), n = 200, batches of 20, started at the exact mean. The cap
@@ -312,13 +325,20 @@ def test_cyclical_step_is_frozen_during_sampling():
     assert 0.93 < d.std() / sd < 1.07, d.std() / sd
 
 
-def test_sampling_blocks_roll_back_instead_of_returning_nan():
+ROLLBACK_BACKENDS = {
+    "SGHMC": SGHMC(num_burnin=0, num_samples=50, target_ess=0, precondition=None),
+    "CyclicalSGHMC": CyclicalSGHMC(num_burnin=0, num_cycles=4, cycle_length=100, target_ess=0, precondition=None),
+}
+
+
+@pytest.mark.parametrize("name", ["SGHMC", pytest.param("CyclicalSGHMC", marks=pytest.mark.slow)])
+def test_sampling_blocks_roll_back_instead_of_returning_nan(name):
     """y_i ~ N(0, exp(s)^2), n = 400, started at s = 3 where the curvature is about 2 (400
     times smaller than at the mode), no burn-in: the step adapted at the start and frozen is
     far too large near the mode and the chain overflows. Each sampling block that produces
     NaN/inf is rolled back (zero momentum) and the step halved: the client comes back
     finite, with the rollbacks counted in ``sampling_restarts`` (a frozen step without
-    rollback returns NaN here)."""
+    rollback returns NaN here). SGHMC in the default run, cyclical SGHMC with the slow tests."""
     n = 400
     rng = np.random.default_rng(2)
     y = rng.normal(size=n).astype(np.float32)
@@ -332,15 +352,13 @@ def test_sampling_blocks_roll_back_instead_of_returning_nan():
     pot = Potential(model, X, y)
     target = make_target(ClientData(jnp.asarray(X), jnp.asarray(y), jnp.asarray(n)), 1)
     # precondition=None: the Laplace pre-pass would start the chain at the mode and never overflow
-    for backend in (SGHMC(num_burnin=0, num_samples=50, target_ess=0, precondition=None),
-                    CyclicalSGHMC(num_burnin=0, num_cycles=4, cycle_length=100, target_ess=0, precondition=None)):
-        f = jax.jit(jax.vmap(lambda k: backend.run(k, pot, target, jnp.full(1, 3.0))),
-                    compiler_options=FAST_COMPILE)
-        res = f(jax.random.split(jax.random.PRNGKey(0), 2))
-        diag = {k: np.asarray(v) for k, v in res.diagnostics.items()}
-        name = type(backend).__name__
-        assert np.all(diag["finite"]) and np.all(np.isfinite(np.asarray(res.posterior.draws))), name
-        assert np.all(diag["sampling_restarts"] > 0), (name, diag["sampling_restarts"])
+    backend = ROLLBACK_BACKENDS[name]
+    f = jax.jit(jax.vmap(lambda k: backend.run(k, pot, target, jnp.full(1, 3.0))),
+                compiler_options=FAST_COMPILE)
+    res = f(jax.random.split(jax.random.PRNGKey(0), 2))
+    diag = {k: np.asarray(v) for k, v in res.diagnostics.items()}
+    assert np.all(diag["finite"]) and np.all(np.isfinite(np.asarray(res.posterior.draws))), name
+    assert np.all(diag["sampling_restarts"] > 0), (name, diag["sampling_restarts"])
 
 
 # -- products of client posteriors amplify client errors ----------------------------------------

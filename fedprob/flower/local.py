@@ -267,8 +267,25 @@ class LocalFederation:
         return out
 
     def close(self):
-        for name in list(self.procs)[::-1]:
-            _stop(self.procs.pop(name))
+        """Stop every process at once (each its own session), then wait for them: stopping them one by one
+        waited for each in turn (18 s for a SuperLink and four SuperNodes on a loaded machine)."""
+        procs = [self.procs.pop(name) for name in list(self.procs)[::-1]]
+        live = [p for p in procs if p.poll() is None]
+        for p in live:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                p.terminate()
+        deadline = time.monotonic() + 10.0
+        for p in live:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
+                p.wait(10.0)
 
     def __enter__(self):
         try:
