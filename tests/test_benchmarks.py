@@ -126,6 +126,16 @@ def test_inference_benchmark_quick(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_one_round_defaults_benchmark_one_row():
+    """The default run's version of test_one_round_defaults_benchmark_quick (slow, 26 s): EPMCMC over
+    SVI(guide="full") on the 3 shifted clients of 4,000 rows, within the bound of the exact posterior (the
+    SGHMC row's product at its defaults is also tests/test_stein_products.py's default-run oracle)."""
+    rows = load_script("one_round_defaults").main(["--quick", "--clients", "SVI(full)"])
+    assert [(r["aggregator"], r["client"]) for r in rows] == [("EPMCMC", "SVI(full)")]
+    assert rows[0]["meets_bound"] and not rows[0]["warnings"], rows[0]
+
+
+@pytest.mark.slow
 def test_one_round_defaults_benchmark_quick():
     """The CI size of benchmarks/one_round_defaults.py: EPMCMC over SGHMC() and SVI(guide="full") on 3
     shifted clients of 4,000 rows, within the issue's bound of the exact posterior."""

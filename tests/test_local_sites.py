@@ -120,20 +120,25 @@ def test_algorithms_without_local_sites_refuse_before_compiling(algo):
         fp.run(algo, normal_normal, fed, rounds=1, progress=False)
 
 
-@pytest.mark.parametrize("hessian", ["full", "diag_ggn"])
+def pvi_laplace(hessian="full"):
+    """PVI with Laplace clients, one exact round; num_predictive_draws for test_local_results_predict_and_refresh,
+    so that it and the "full" case here run one compiled round (the draws do not change the posterior)."""
+    return PVI(client=Laplace(hessian=hessian), damping=1.0, num_predictive_draws=4000)
+
+
+@pytest.mark.parametrize("hessian", ["full", pytest.param("diag_ggn", marks=pytest.mark.slow)])
 def test_pvi_laplace_is_exact_in_one_round_for_global_and_local_sites(x64, hessian):
+    """Laplace's default curvature ("full") in the default run; the closed-form GGN diagonal is slow."""
     fed, clients = federation()
     mean, cov = exact_joint(clients)
-    res = fp.run(PVI(client=Laplace(hessian=hessian), damping=1.0), normal_normal, fed, rounds=1,
-                 progress=False)
+    res = fp.run(pvi_laplace(hessian), normal_normal, fed, rounds=1, progress=False)
     post = res.posterior
     np.testing.assert_allclose(post.mean["mu"], mean[0], rtol=1e-6)
     np.testing.assert_allclose(post.form.variance()[0], cov[0, 0], rtol=1e-6)
     np.testing.assert_allclose(post.local_mean["a"], mean[1:], rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(post.local_sd["a"], np.sqrt(np.diag(cov)[1:]), rtol=1e-6)
     # a second round changes nothing: the sites are already exact
-    res2 = fp.run(PVI(client=Laplace(hessian=hessian), damping=1.0), normal_normal, fed, rounds=2,
-                  progress=False)
+    res2 = fp.run(pvi_laplace(hessian), normal_normal, fed, rounds=2, progress=False)
     np.testing.assert_allclose(res2.posterior.local_mean["a"], mean[1:], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(res2.posterior.mean["mu"], mean[0], rtol=1e-6)
 
@@ -142,7 +147,7 @@ def test_local_results_predict_and_refresh(x64):
     """Per-client and new-client predictives, local draws, the refresh pass, sequential PVI."""
     fed, clients = federation()
     mean, cov = exact_joint(clients)
-    algo = PVI(client=Laplace(hessian="full"), damping=1.0, num_predictive_draws=4000)
+    algo = pvi_laplace("full")
     res = fp.run(algo, normal_normal, fed, rounds=1, progress=False)
     post = res.posterior
     assert res.info["local_refresh"]["clients"] == 8 and res.info["local_refresh"]["not_finite"] == []
@@ -188,11 +193,14 @@ def test_predict_client_needs_local_sites():
 
 
 @pytest.mark.parametrize("algo", [fp.algorithms.EPMCMC(client=fp.inference.NUTS()),
-                                  fp.algorithms.ConsensusMC(client=fp.inference.NUTS())],
+                                  pytest.param(fp.algorithms.ConsensusMC(client=fp.inference.NUTS()),
+                                               marks=pytest.mark.slow)],
                          ids=lambda a: type(a).__name__)
 def test_one_round_sampling_methods_match_the_exact_posterior_within_monte_carlo_error(algo):
     """NUTS clients sample (mu, a_k) jointly; the server combines the mu draws, each client keeps
-    a_k | mu regressed on its draws. Tolerances: about 3 Monte Carlo sds at the clients' ESS (~100)."""
+    a_k | mu regressed on its draws. Tolerances: about 3 Monte Carlo sds at the clients' ESS (~100).
+    EPMCMC (the parametric default) in the default run; ConsensusMC (its own client phase: the 1/K prior
+    share) is slow."""
     fed, clients = federation()
     mean, cov = exact_joint(clients)
     post = fp.run(algo, normal_normal, fed, progress=False).posterior

@@ -14,7 +14,7 @@ import fedprob as fp
 from fedprob.algorithms import BayesADMM, Ensemble, FedAvg, FedPA, FedProx, PredictiveBayes
 from fedprob.inference import NUTS, Laplace
 from fedprob.potential import Potential
-from test_local_sites import PRIOR_SD, SIZES, TAU, exact_joint, federation, normal_normal
+from test_local_sites import PRIOR_SD, SIZES, TAU, exact_joint, federation, normal_normal, pvi_laplace
 
 N = np.array(SIZES)
 
@@ -48,14 +48,23 @@ def tempered_joint(clients, temperature):
 
 # -- FedAvg / FedProx: partial personalization ---------------------------------------------------------
 
-@pytest.mark.parametrize("algo", [FedAvg(local_steps=20, batch_size=None, learning_rate=0.2),
-                                  FedProx(local_steps=20, batch_size=None, learning_rate=0.2, mu=0.5)],
-                         ids=lambda a: type(a).__name__)
-def test_fedavg_keeps_local_sites_on_their_clients(x64, algo):
-    """The server holds the global block only; each client's local value is its conditional mode given
-    the final averaged mu (the refresh pass); predict(client=k) uses client k's value."""
-    fed, clients = federation()
-    res = fp.run(algo, normal_normal, fed, rounds=8, progress=False)
+#: the FedAvg configuration of the first test; test_summary_has_one_row_per_client_for_local_sites reads the
+#: same run (fedavg_run), so its round is compiled once for the module
+FEDAVG = FedAvg(local_steps=20, batch_size=None, learning_rate=0.2)
+
+
+@pytest.fixture(scope="module")
+def fedavg_run():
+    """The FedAvg run of FEDAVG over 8 rounds (double precision, as the x64 fixture)."""
+    jax.config.update("jax_enable_x64", True)
+    try:
+        fed, clients = federation()
+        return clients, fp.run(FEDAVG, normal_normal, fed, rounds=8, progress=False)
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+def check_fedavg_local(clients, res):
     post = res.posterior
     assert np.shape(res.server_state[0]) == (1,)                       # the server never holds a local site
     mu = float(post.mean["mu"])
@@ -74,6 +83,21 @@ def test_fedavg_keeps_local_sites_on_their_clients(x64, algo):
     assert 1.0 + 0.5 * TAU ** 2 < float(v[0]) < 1.0 + 1.6 * TAU ** 2
 
 
+def test_fedavg_keeps_local_sites_on_their_clients(x64, fedavg_run):
+    """The server holds the global block only; each client's local value is its conditional mode given
+    the final averaged mu (the refresh pass); predict(client=k) uses client k's value. FedProx, the same
+    checks: test_fedprox_keeps_local_sites_on_their_clients (slow)."""
+    check_fedavg_local(*fedavg_run)
+
+
+@pytest.mark.slow
+def test_fedprox_keeps_local_sites_on_their_clients(x64):
+    """test_fedavg_keeps_local_sites_on_their_clients for FedProx (its own compiled round)."""
+    fed, clients = federation()
+    algo = FedProx(local_steps=20, batch_size=None, learning_rate=0.2, mu=0.5)
+    check_fedavg_local(clients, fp.run(algo, normal_normal, fed, rounds=8, progress=False))
+
+
 def test_fedavg_local_blocks_persist_across_rounds(x64):
     """Without the refresh pass a client's local value is what its own training left; a client that never
     took part keeps the starting value (the prior centre, 0), and the others moved away from it."""
@@ -89,21 +113,31 @@ def test_fedavg_local_blocks_persist_across_rounds(x64):
 
 # -- FedPA and BayesADMM: the global marginal, each client's conditional ----------------------------------
 
+#: the clients' sampler of the FedPA tests
+FEDPA_NUTS = NUTS(num_warmup=200, num_samples=500)
+
+
 def test_fedpa_matches_the_exact_posterior_within_monte_carlo_error():
     """NUTS clients sample (mu, a_k) under the 1/K prior share; the delta uses the mu draws. At the
     default (full) family a sampling round is a Newton step onto the product of the clients' global
     marginals, and the three rounds' products are averaged; each client's a_k | mu, regressed on its
-    draws, is averaged over the final Gaussian of mu. The paper's diagonal form with the shrinkage
-    weight rho_l = 1/l and the server step N / P (P the posterior precision of mu) is the same Newton
-    step in one dimension."""
+    draws, is averaged over the final Gaussian of mu. The paper's diagonal form:
+    test_fedpa_paper_diag_form_matches_the_exact_posterior (slow)."""
     fed, clients = federation()
     mean, cov = exact_joint(clients)
-    sd = np.sqrt(np.diag(cov))
-    nuts = NUTS(num_warmup=200, num_samples=500)
-    for algo in (FedPA(client=nuts),
-                 FedPA(client=nuts, shrinkage=1.0, normalize=False, family="diag",
-                       server_learning_rate=float(N.sum() * cov[0, 0]), burn_in_rounds=0)):
-        check_fedpa_local(algo, fed, mean, sd)
+    check_fedpa_local(FedPA(client=FEDPA_NUTS), fed, mean, np.sqrt(np.diag(cov)))
+
+
+@pytest.mark.slow
+def test_fedpa_paper_diag_form_matches_the_exact_posterior():
+    """The paper's diagonal form with the shrinkage weight rho_l = 1/l and the server step N / P (P the
+    posterior precision of mu) is the same Newton step in one dimension: the checks of
+    test_fedpa_matches_the_exact_posterior_within_monte_carlo_error."""
+    fed, clients = federation()
+    mean, cov = exact_joint(clients)
+    algo = FedPA(client=FEDPA_NUTS, shrinkage=1.0, normalize=False, family="diag",
+                 server_learning_rate=float(N.sum() * cov[0, 0]), burn_in_rounds=0)
+    check_fedpa_local(algo, fed, mean, np.sqrt(np.diag(cov)))
 
 
 def check_fedpa_local(algo, fed, mean, sd):
@@ -117,22 +151,33 @@ def check_fedpa_local(algo, fed, mean, sd):
     assert res.info["local_refresh"]["clients"] == 8 and "regressed" in post.info["local_posterior"]
 
 
+def check_bayes_admm(algo, rounds, rtol, m, c):
+    fed, _ = federation()
+    post = fp.run(algo, normal_normal, fed, rounds=rounds, progress=False).posterior
+    np.testing.assert_allclose(post.mean["mu"], m[0], rtol=rtol)
+    np.testing.assert_allclose(post.form.variance()[0], c[0, 0], rtol=rtol)
+    np.testing.assert_allclose(post.local_mean["a"], m[1:], rtol=rtol, atol=rtol * 1e-2)
+    np.testing.assert_allclose(post.local_sd["a"], np.sqrt(np.diag(c)[1:]), rtol=rtol)
+
+
 def test_bayes_admm_is_exact_for_global_and_local_sites(x64):
     """Prop. 3.2 (rho = damping = 1/K, Laplace clients): exact in one round, mu and every a_k; at the
-    default rho = 1, damping 0.1 it converges to the same answer; tau = 0.5 gives the exact posterior of
-    the model tempered by 1/tau (the local conditional's covariance undone from the solve's 1/rho)."""
-    fed, clients = federation()
+    defaults (rho = 1, damping 0.3) BayesADMM converges to the same answer. The tempered posterior:
+    test_bayes_admm_tempered_is_exact (slow)."""
+    _, clients = federation()
     K = len(SIZES)
-    mean, cov = exact_joint(clients)
-    cases = [(BayesADMM(client=Laplace(hessian="full"), rho=1 / K, damping=None), 1, 1e-6, (mean, cov)),
-             (BayesADMM(), 60, 1e-3, (mean, cov)),
-             (BayesADMM(rho=1 / K, damping=None, tau=0.5), 1, 1e-6, tempered_joint(clients, 0.5))]
-    for algo, rounds, rtol, (m, c) in cases:
-        post = fp.run(algo, normal_normal, fed, rounds=rounds, progress=False).posterior
-        np.testing.assert_allclose(post.mean["mu"], m[0], rtol=rtol)
-        np.testing.assert_allclose(post.form.variance()[0], c[0, 0], rtol=rtol)
-        np.testing.assert_allclose(post.local_mean["a"], m[1:], rtol=rtol, atol=rtol * 1e-2)
-        np.testing.assert_allclose(post.local_sd["a"], np.sqrt(np.diag(c)[1:]), rtol=rtol)
+    check_bayes_admm(BayesADMM(client=Laplace(hessian="full"), rho=1 / K, damping=None), 1, 1e-6,
+                     *exact_joint(clients))
+    check_bayes_admm(BayesADMM(), 60, 1e-3, *exact_joint(clients))
+
+
+@pytest.mark.slow
+def test_bayes_admm_tempered_is_exact(x64):
+    """tau = 0.5 with Prop. 3.2's rho = damping = 1/K gives, in one round, the exact posterior of the model
+    tempered by 1/tau (the local conditional's covariance undone from the solve's 1/rho)."""
+    _, clients = federation()
+    K = len(SIZES)
+    check_bayes_admm(BayesADMM(rho=1 / K, damping=None, tau=0.5), 1, 1e-6, *tempered_joint(clients, 0.5))
 
 
 # -- Ensemble and PredictiveBayes: each client's own posterior -----------------------------------------
@@ -196,13 +241,12 @@ def test_ensemble_and_predictive_bayes_predict_with_each_clients_own_posterior(o
 
 # -- summary() -------------------------------------------------------------------------------------------
 
-def test_summary_has_one_row_per_client_for_local_sites(x64):
+def test_summary_has_one_row_per_client_for_local_sites(x64, fedavg_run):
     """Rows mu, a[0]..a[7] (az.summary's labels for to_arviz()'s client dim): exact for PVI's Gaussian,
     the values with NaN spread for a point estimate, the client's own draws for an ensemble."""
     fed, clients = federation()
     mean, cov = exact_joint(clients)
-    res = fp.run(fp.algorithms.PVI(client=Laplace(hessian="full"), damping=1.0), normal_normal, fed, rounds=1,
-                 progress=False)
+    res = fp.run(pvi_laplace("full"), normal_normal, fed, rounds=1, progress=False)   # test_local_sites's
     rows = res.summary().rows
     assert [r["parameter"] for r in rows] == ["mu"] + [f"a[{k}]" for k in range(8)]
     assert all(r["basis"] == "exact" for r in rows)
@@ -211,7 +255,7 @@ def test_summary_has_one_row_per_client_for_local_sites(x64):
     lo = [r["eti_3%"] for r in rows]
     np.testing.assert_allclose(lo, mean - 1.8807936 * np.sqrt(np.diag(cov)), rtol=1e-5, atol=1e-6)
     assert [r["parameter"] for r in res.posterior.summary().rows] == [r["parameter"] for r in rows]
-    fa = fp.run(FedAvg(local_steps=5, batch_size=None), normal_normal, fed, rounds=2, progress=False)
+    fa = fedavg_run[1]                         # the run of test_fedavg_keeps_local_sites_on_their_clients
     rows = fa.summary().rows
     assert [r["parameter"] for r in rows][1:] == [f"a[{k}]" for k in range(8)]
     np.testing.assert_allclose([r["mean"] for r in rows[1:]], fa.posterior.local_mean["a"], rtol=1e-12)
