@@ -108,11 +108,8 @@ def test_data_that_do_not_match_the_model_or_each_other():
         fp.run(FEDAVG, MODEL, fed, rounds=1, progress=False, eval_data=(np.zeros((4, 3)), np.zeros((4, 2))))
 
 
-def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling(monkeypatch):
-    """Laplace(hessian='full') on a 178,110-weight network asked XLA for 1,268,926,884,000 bytes and failed with
-    RESOURCE_EXHAUSTED after compiling; a (d, d) matrix over the device's memory is now refused at trace time,
-    naming the setting, the size and the diagonal alternative (the device here shrunk to 512 KiB so that 410
-    parameters exceed it: 410^2 float32 is 656 KiB). A diagonal curvature under the same limit runs."""
+def _dense_check_problem(monkeypatch):
+    """The 410-parameter softmax regression on two clients, with the device shrunk to 512 KiB."""
     from fedprob.inference import dense_check
     assert dense_check.device_memory_bytes() > 2 ** 30
     monkeypatch.setattr(dense_check, "device_memory_bytes", lambda: 2 ** 19)
@@ -120,10 +117,47 @@ def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling(mo
     X = rng.normal(size=(60, 40)).astype(np.float32)
     fed = fp.data.FederatedData.from_clients([(X[:30], rng.integers(0, 10, 30)), (X[30:], rng.integers(0, 10, 30))],
                                              num_classes=10)
-    model = fp.models.softmax_regression(10)
-    with pytest.raises(ValueError, match=r"Laplace\(hessian='full'\) on 410 parameters builds a 410 x 410 matrix "
-                                         r"per client \(0.6 MiB\), more than this device.s memory \(0.5 MiB\)"
-                                         r".*Laplace\(hessian='diag_ggn'\)"):
+    return fed, fp.models.softmax_regression(10)
+
+
+DENSE_LAPLACE_REFUSED = (r"Laplace\(hessian='full'\) on 410 parameters builds a 410 x 410 matrix "
+                         r"per client \(0.6 MiB\), more than this device.s memory \(0.5 MiB\)"
+                         r".*Laplace\(hessian='diag_ggn'\)")
+
+
+def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling_backend(monkeypatch):
+    """The default-run version of test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling
+    (slow): the same two refusals through fp.run, same model, data and shrunk device; the diagonal
+    curvature under the same limit runs as the Laplace backend itself, the two clients vmapped in one
+    compiled program (fp.run traces the client twice and compiles its round: 10 s against 4 s here)."""
+    import jax
+    import jax.numpy as jnp
+    from fedprob.potential import Potential, make_target
+
+    fed, model = _dense_check_problem(monkeypatch)
+    with pytest.raises(ValueError, match=DENSE_LAPLACE_REFUSED):
+        fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
+    with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
+        fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
+               progress=False)
+    pot = Potential(model, fed.X[0], fed.y[0])
+    assert pot.dim == 410
+    targets = jax.vmap(lambda d: make_target(d, pot.dim))(fed.client_data())
+    lap = fp.inference.Laplace(hessian="diag_ggn")
+    res = jax.jit(lambda k, t, z: lap.run_clients(k, pot, t, z))(jax.random.PRNGKey(0), targets,
+                                                                  jnp.zeros((2, pot.dim)))
+    assert np.all(np.isfinite(np.asarray(res.posterior.mean())))
+    assert np.all(np.asarray(res.posterior.precision) > 0) and np.asarray(res.posterior.precision).shape == (2, 410)
+
+
+@pytest.mark.slow   # about 10 s: fp.run on 410 parameters; the default run has the _backend version
+def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling(monkeypatch):
+    """Laplace(hessian='full') on a 178,110-weight network asked XLA for 1,268,926,884,000 bytes and failed with
+    RESOURCE_EXHAUSTED after compiling; a (d, d) matrix over the device's memory is now refused at trace time,
+    naming the setting, the size and the diagonal alternative (the device here shrunk to 512 KiB so that 410
+    parameters exceed it: 410^2 float32 is 656 KiB). A diagonal curvature under the same limit runs."""
+    fed, model = _dense_check_problem(monkeypatch)
+    with pytest.raises(ValueError, match=DENSE_LAPLACE_REFUSED):
         fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
     with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
         fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
