@@ -6,7 +6,6 @@ any point to the mode in posterior sds is ``max_i |w_i - mean_i| / sd_i`` exactl
 mean-loss curvature is ``lambda_max(X'X / sigma^2 + I / (K s^2)) / n``.
 """
 import warnings
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 import fedprob as fp
-from conftest import linreg_exact_posterior, linreg_model
+from conftest import linreg_exact_posterior, linreg_model, skip_khat_check
 from fedprob import convergence
 from fedprob.potential import get_potential
 
@@ -24,7 +23,7 @@ SIGMA, PRIOR = 0.5, 10.0
 def no_khat():
     """Skip the run's Pareto k-hat check (a test-side speed-up, up to a third of a run): only where a test
     reads neither ``khat``, ``diagnostics()`` nor the run's warnings."""
-    return mock.patch("fedprob.psis.run_khats", lambda *a, **k: (None, None))
+    return skip_khat_check()
 
 
 def shifted_clients(seed=7, sizes=(30, 60, 120, 250, 500), shift=1.5, corr=0.7):

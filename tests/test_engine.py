@@ -36,6 +36,8 @@ def make_fed(K=6, seed=0, scales=None):
 
 
 ALGO = fp.algorithms.FedAvg(local_steps=4, batch_size=5, learning_rate=0.05)
+# the compile-caching test's algorithm; the participation test runs it too (same round: compiled once)
+ALGO_CACHED = fp.algorithms.FedAvg(local_steps=2, batch_size=5, learning_rate=0.01)
 
 
 def test_same_seed_same_result_and_seeds_differ():
@@ -51,7 +53,7 @@ def test_same_seed_same_result_and_seeds_differ():
 def test_no_recompilation_across_rounds_and_repeated_runs():
     fed = make_fed()
     local.clear_cache()
-    algo = fp.algorithms.FedAvg(local_steps=2, batch_size=5, learning_rate=0.01)
+    algo = ALGO_CACHED
     r1 = fp.run(algo, model, fed, rounds=5, seed=0, progress=False, clients_per_round=2)
     assert local.COMPILE_COUNT["round"] == 1
     assert r1.compile_time > 0
@@ -66,7 +68,7 @@ def test_no_recompilation_across_rounds_and_repeated_runs():
 
 def test_partial_participation_samples_distinct_clients_and_covers_all():
     fed = make_fed(K=6)
-    r = fp.run(ALGO, model, fed, rounds=20, seed=0, progress=False, clients_per_round=2)
+    r = fp.run(ALGO_CACHED, model, fed, rounds=20, seed=0, progress=False, clients_per_round=2)
     seen = set()
     for h in r.history:
         assert len(set(h["participants"])) == 2

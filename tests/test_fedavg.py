@@ -1,10 +1,11 @@
 """FedAvg / FedProx on the conjugate Gaussian problem, with exact fixed-point oracles."""
-from unittest import mock
 
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+
+from conftest import skip_khat_check
 
 import fedprob as fp
 
@@ -16,7 +17,7 @@ W_TRUE = np.array([1.0, -1.0, 0.5])
 def _no_khat():
     """Skip every run's Pareto k-hat check in this file (a test-side speed-up, up to a third of a run):
     no test here reads ``khat``, ``diagnostics()`` or the run's warnings."""
-    with mock.patch("fedprob.psis.run_khats", lambda *a, **k: (None, None)):
+    with skip_khat_check():
         yield
 
 

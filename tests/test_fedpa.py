@@ -9,7 +9,6 @@ within sampling noise.
 """
 import sys
 from pathlib import Path
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 import fedprob as fp
-from conftest import linreg_exact_posterior, linreg_model
+from conftest import linreg_exact_posterior, linreg_model, skip_khat_check
 from fedprob.algorithms import fedpa_delta as dp
 from fedprob.algorithms.fedpa import FedPA
 
@@ -27,7 +26,7 @@ SIGMA, PRIOR = 0.5, 10.0
 def no_khat():
     """Skip the run's Pareto k-hat check (a test-side speed-up, up to a third of a run's time) where the test
     reads neither ``khat``, ``diagnostics()`` nor warnings."""
-    return mock.patch("fedprob.psis.run_khats", lambda *a, **k: (None, None))
+    return skip_khat_check()
 
 
 def np_dense_delta(samples, theta, shrinkage, scale=1.0):

@@ -1,6 +1,5 @@
 """The Flower engine: the pytree codec, and the simulation reproducing the local engine."""
 import importlib.util
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +8,7 @@ import pytest
 
 import fedprob as fp
 
-from conftest import linreg_federation, linreg_model
+from conftest import linreg_federation, linreg_model, skip_khat_check
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("flwr") is None,
                                 reason="flwr not installed (pip install 'fedprob[flower]')")
@@ -124,7 +123,7 @@ def test_grid_replies_commit_and_a_silent_or_failing_node_is_named(task_identity
     algo = fp.algorithms.EPMCMC(client=fp.inference.Laplace())
     # the local engine's posterior is the reference here, not its Pareto k-hat check (a second compiled
     # program, about 1 s, that this test never reads): skipped
-    with mock.patch("fedprob.psis.run_khats", lambda *a, **k: (None, None)):
+    with skip_khat_check():
         local = fp.run(algo, linreg_model(), fed, progress=False)
     ctx, data, templates = flower.prepare(algo, linreg_model(), fed)
     handle = flower.client_handler(algo, ctx, data, templates)

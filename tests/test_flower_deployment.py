@@ -22,15 +22,18 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("flwr") is None
               pytest.mark.processes]   # a SuperLink, SuperNodes and their workers at once
 
 SIZES = (40, 55, 55)          # no parameter dimension equals a row count
+#: the default run's real-process federation: two registered nodes (and the stranger); the slow tests
+#: run on three (a round's first compile happens on every node at once: one fewer on 2 cores)
+SMALL_SIZES = (40, 55)
 MODEL = {"name": "linear_regression", "noise_scale": 0.5, "bias": False}
 
 
-def _fed():
+def _fed(sizes=SIZES):
     rng = np.random.default_rng(0)
-    n = sum(SIZES)
+    n = sum(sizes)
     X = rng.normal(size=(n, 3)).astype(np.float32)
     y = (X @ np.array([1.0, -2.0, 0.5]) + 0.5 * rng.normal(size=n)).astype(np.float32)
-    cuts = np.cumsum((0,) + SIZES)
+    cuts = np.cumsum((0,) + tuple(sizes))
     return fp.data.FederatedData.from_clients([(X[a:b], y[a:b]) for a, b in zip(cuts[:-1], cuts[1:])])
 
 
@@ -269,20 +272,19 @@ def test_a_row_reading_init_is_refused(tmp_path):
 
 
 # ---- real processes: a SuperLink and SuperNodes on local ports -----------------------------------------
-@pytest.fixture(scope="module")
-def federation(tmp_path_factory):
-    """A SuperLink (TLS, SuperNode authentication) and four SuperNode processes: three registered,
-    each with its client's file, and one whose key was never registered."""
+def _start_federation(tmp_path_factory, sizes):
+    """A SuperLink (TLS, SuperNode authentication) and one SuperNode process per client of ``sizes``,
+    each registered and holding its client's file, plus one whose key was never registered."""
     import shutil
 
     from fedprob.flower.local import LocalFederation
 
     tmp = tmp_path_factory.mktemp("deployment")
-    fed = _fed()
+    fed = _fed(sizes)
     paths = _files(tmp / "data", fed)
     stranger = tmp / "data" / "stranger.npz"
     shutil.copy(paths[0], stranger)
-    f = LocalFederation(tmp / "fed", paths + [stranger], register=[True, True, True, False], timeout=120)
+    f = LocalFederation(tmp / "fed", paths + [stranger], register=[True] * len(paths) + [False], timeout=120)
     try:
         f.start()
         yield f, fed, tmp
@@ -290,11 +292,23 @@ def federation(tmp_path_factory):
         f.close()
 
 
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    """Three registered SuperNodes (clients of 40, 55 and 55 rows) and the stranger."""
+    yield from _start_federation(tmp_path_factory, SIZES)
+
+
+@pytest.fixture(scope="module")
+def small_federation(tmp_path_factory):
+    """Two registered SuperNodes (clients of 40 and 55 rows) and the stranger."""
+    yield from _start_federation(tmp_path_factory, SMALL_SIZES)
+
+
 def _run_app(f, tmp, name, algorithm: dict, client=None, flower=None, on_line=None):
     from fedprob.flower.appdir import write_app
 
     cfg = {"model": dict(MODEL), "algorithm": algorithm, "run": {"seed": 0},
-           "flower": {"num_nodes": 3, "evaluate": False, **(flower or {})}}
+           "flower": {"num_nodes": len(f.node_ids), "evaluate": False, **(flower or {})}}
     if client:
         cfg["client"] = client
     if "rounds" in algorithm:
@@ -307,30 +321,31 @@ def _run_app(f, tmp, name, algorithm: dict, client=None, flower=None, on_line=No
         json.loads((run / "history.json").read_text())
 
 
-def _no_row_dimension(dep):
+def _no_row_dimension(dep, sizes=SIZES):
     assert dep["reply_shapes"], "no replies recorded"
     for _, _, shapes in dep["reply_shapes"]:
-        assert all(n not in sh for sh in shapes for n in SIZES), shapes
+        assert all(n not in sh for sh in shapes for n in sizes), shapes
 
 
-def test_deployment_engine_with_tls_and_node_authentication(federation):
-    f, fed, tmp = federation
+def test_deployment_engine_with_tls_and_node_authentication(small_federation):
+    """Two registered SuperNodes and one stranger (the slow tests' federation has three registered)."""
+    f, fed, tmp = small_federation
     # the unregistered node is refused by the SuperLink, the registered ones are online
-    online = f.wait_online(3, timeout=120)
+    online = f.wait_online(2, timeout=120)
     assert sorted(online) == sorted(f.node_ids.values())
-    stranger = f.procs["node_3"]
+    stranger = f.procs["node_2"]
     stranger.wait(timeout=120)
     assert stranger.returncode != 0
-    assert "Failed to activate SuperNode" in f.log("node_3")
+    assert "Failed to activate SuperNode" in f.log("node_2")
     # PVI, 2 rounds (the second with the nodes' kept client update), through `flwr run`: the local
     # engine's answer
     out, run, post, dep, hist = _run_app(f, tmp, "pvi", {"name": "PVI", "rounds": 2})
     assert "fedprob: round 2/2 done" in out            # progress streams to the flwr run terminal
     local = fp.run(fp.algorithms.PVI(), _model(), fed, rounds=2, seed=0, progress=False)
     np.testing.assert_allclose(post["mean/w"], np.asarray(local.posterior.mean["w"]), rtol=1e-4, atol=1e-5)
-    assert [h["round"] for h in hist] == [1, 2] and sorted(dep["client_sizes"]) == sorted(SIZES)
+    assert [h["round"] for h in hist] == [1, 2] and sorted(dep["client_sizes"]) == sorted(SMALL_SIZES)
     assert sorted(dep["nodes"]) == sorted(f.node_ids.values())
-    _no_row_dimension(dep)
+    _no_row_dimension(dep, SMALL_SIZES)
     from fedprob.rundir import load_runs
 
     assert load_runs(run)[0]["name"] == "PVI"           # `fedprob report` reads it

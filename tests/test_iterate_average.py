@@ -2,14 +2,13 @@
 the recursion against its closed-form weights, the rule that switches it on, and the average against
 the exact posterior of a conjugate model whose clients' solves are stochastic."""
 import warnings
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import linreg_exact_posterior, linreg_model
+from conftest import linreg_exact_posterior, linreg_model, skip_khat_check
 
 import fedprob as fp
 from fedprob.algorithms import BayesADMM, NaturalLoop
@@ -23,7 +22,7 @@ from fedprob.potential import get_potential
 def no_khat():
     """Skip the run's Pareto k-hat check (a test-side speed-up, up to a third of a run): the tests below
     silence its warning and read neither ``khat`` nor ``diagnostics()``."""
-    return mock.patch("fedprob.psis.run_khats", lambda *a, **k: (None, None))
+    return skip_khat_check()
 
 
 def closed_form_weights(t, eta):

@@ -1,5 +1,4 @@
 """Stragglers as a deadline on local steps: truncated partial updates, the discard policy and fallback."""
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,7 @@ from fedprob.inference.ivon import ivon_init, ivon_run, ivon_step, local_target_
 from fedprob.inference.optim import minimize
 from fedprob.potential import make_target
 from fedprob.run import get_potential
-from conftest import linreg_exact_posterior, linreg_model
+from conftest import linreg_exact_posterior, linreg_model, skip_khat_check
 
 MODEL = linreg_model(prior_scale=1.0, sigma=0.5)
 W_TRUE = np.array([1.0, -1.0])
@@ -41,7 +40,7 @@ DISCARD = fp.Faults(dropout_rate=0.1, stragglers=fp.Stragglers(0.5, policy="disc
 def _no_khat():
     """Skip every run's Pareto k-hat check in this file (a test-side speed-up, up to a third of a run):
     no test here reads ``khat``, ``diagnostics()`` or the run's warnings."""
-    with mock.patch("fedprob.psis.run_khats", lambda *a, **k: (None, None)):
+    with skip_khat_check():
         yield
 
 

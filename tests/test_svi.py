@@ -78,7 +78,7 @@ def test_full_guide_recovers_exact_posterior(problem):
     assert abs(float(res.diagnostics["elbo"]) - log_z) < 0.1
 
 
-@pytest.mark.parametrize("guide", ["diag", "normal"])
+@pytest.mark.parametrize("guide", [pytest.param("diag", marks=pytest.mark.slow), "normal"])   # "normal": the default
 def test_mean_field_guides_hit_mean_field_optimum(problem, guide):
     pot, target, mu, cov = problem
     P = np.linalg.inv(cov)
