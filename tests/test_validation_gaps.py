@@ -125,6 +125,15 @@ DENSE_LAPLACE_REFUSED = (r"Laplace\(hessian='full'\) on 410 parameters builds a 
                          r".*Laplace\(hessian='diag_ggn'\)")
 
 
+def _dense_curvatures_are_refused(fed, model):
+    """A dense Laplace curvature and a dense preconditioner over the (shrunk) device are refused by fp.run."""
+    with pytest.raises(ValueError, match=DENSE_LAPLACE_REFUSED):
+        fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
+    with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
+        fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
+               progress=False)
+
+
 def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling_backend(monkeypatch):
     """The default-run version of test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling
     (slow): the same two refusals through fp.run, same model, data and shrunk device; the diagonal
@@ -135,11 +144,7 @@ def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling_ba
     from fedprob.potential import Potential, make_target
 
     fed, model = _dense_check_problem(monkeypatch)
-    with pytest.raises(ValueError, match=DENSE_LAPLACE_REFUSED):
-        fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
-    with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
-        fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
-               progress=False)
+    _dense_curvatures_are_refused(fed, model)
     pot = Potential(model, fed.X[0], fed.y[0])
     assert pot.dim == 410
     targets = jax.vmap(lambda d: make_target(d, pot.dim))(fed.client_data())
@@ -157,11 +162,7 @@ def test_a_dense_curvature_larger_than_the_device_is_refused_before_compiling(mo
     naming the setting, the size and the diagonal alternative (the device here shrunk to 512 KiB so that 410
     parameters exceed it: 410^2 float32 is 656 KiB). A diagonal curvature under the same limit runs."""
     fed, model = _dense_check_problem(monkeypatch)
-    with pytest.raises(ValueError, match=DENSE_LAPLACE_REFUSED):
-        fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace()), model, fed, progress=False)
-    with pytest.raises(ValueError, match=r"precondition='full' on 410 parameters.*precondition='diag'"):
-        fp.run(fp.algorithms.ConsensusMC(client=fp.inference.SGLD(precondition="full")), model, fed,
-               progress=False)
+    _dense_curvatures_are_refused(fed, model)
     with warnings.catch_warnings():             # the diagonal product's own check may warn on these rows
         warnings.simplefilter("ignore")
         r = fp.run(fp.algorithms.EPMCMC(client=fp.inference.Laplace(hessian="diag_ggn")), model, fed,
