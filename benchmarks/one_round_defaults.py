@@ -140,6 +140,10 @@ def markdown(rows, meta, seeds):
     return "\n".join(lines) + "\n"
 
 
+#: the backends of --quick
+QUICK_BACKENDS = ("SGHMC", "SVI(full)")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shifted3, SGHMC and SVI with EPMCMC (or those of them in --clients); writes nothing")
@@ -155,7 +159,10 @@ def main(argv=None):
     seeds = a.seeds
     if a.quick:     # --clients still chooses among the quick backends
         problems, aggs, seeds = ["shifted3"], ["EPMCMC"], 1
-        backends = [b for b in backends if b in ("SGHMC", "SVI(full)")] if a.clients else ["SGHMC", "SVI(full)"]
+        if not a.clients:
+            backends = list(QUICK_BACKENDS)
+        elif set(backends) - set(QUICK_BACKENDS):
+            raise SystemExit(f"--quick runs {', '.join(QUICK_BACKENDS)}; got --clients {a.clients}")
     rows = []
     for p in problems:
         for seed in range(seeds):

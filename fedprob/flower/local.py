@@ -101,22 +101,29 @@ def supernode(superlink: str, data_path, root_certificates=None, auth_key=None, 
         signal.signal(signal.SIGTERM, previous)
 
 
+def _signal_session(proc, sig) -> None:
+    """Send ``sig`` to ``proc`` and the processes it started (its own session), or to ``proc`` alone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        proc.send_signal(sig)
+
+
 def _stop(proc, timeout: float = 10.0) -> None:
     """End ``proc`` and the processes it started (its own session)."""
     if proc is None or proc.poll() is not None:
         return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        proc.terminate()
+    _signal_session(proc, signal.SIGTERM)
+    _wait_or_kill(proc, timeout)
+
+
+def _wait_or_kill(proc, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``proc``, then kill its session and wait (up to 10 s or ``timeout``)."""
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-        proc.wait(timeout)
+        _signal_session(proc, signal.SIGKILL)
+        proc.wait(max(timeout, 10.0))
 
 
 class LocalFederation:
@@ -272,20 +279,10 @@ class LocalFederation:
         procs = [self.procs.pop(name) for name in list(self.procs)[::-1]]
         live = [p for p in procs if p.poll() is None]
         for p in live:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                p.terminate()
+            _signal_session(p, signal.SIGTERM)
         deadline = time.monotonic() + 10.0
         for p in live:
-            try:
-                p.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    p.kill()
-                p.wait(10.0)
+            _wait_or_kill(p, max(deadline - time.monotonic(), 0.1))
 
     def __enter__(self):
         try:
