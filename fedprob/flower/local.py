@@ -26,6 +26,9 @@ import warnings
 from pathlib import Path
 
 CONNECTION = "fedprob-local"
+#: the line Flower's SuperNode logs once the SuperLink has accepted it (``flwr`` 1.41); a node whose log
+#: shows it is asked about by one ``flwr supernode list`` instead of a poll of them
+NODE_CONNECTED = "SuperNode ID:"
 
 
 def free_port() -> int:
@@ -101,6 +104,19 @@ def supernode(superlink: str, data_path, root_certificates=None, auth_key=None, 
         signal.signal(signal.SIGTERM, previous)
 
 
+#: :meth:`LocalFederation.wait_online` asks the SuperLink at least this often (seconds)
+ASK_EVERY_S = 5.0
+
+
+def _accepts(port: int) -> bool:
+    """Whether something listens on the local ``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def _signal_session(proc, sig) -> None:
     """Send ``sig`` to ``proc`` and the processes it started (its own session), or to ``proc`` alone."""
     try:
@@ -145,11 +161,14 @@ class LocalFederation:
         self.procs: dict = {}
         self.node_ids: dict = {}
         self.logs = self.dir / "logs"
+        self._log_start: dict = {}
 
     # ---- processes -----------------------------------------------------------------------------------
     def _spawn(self, name, cmd, env=None):
         self.logs.mkdir(parents=True, exist_ok=True)
-        f = open(self.logs / f"{name}.log", "ab")
+        path = self.logs / f"{name}.log"
+        self._log_start[name] = path.stat().st_size if path.exists() else 0   # a restart appends
+        f = open(path, "ab")
         proc = subprocess.Popen(cmd, env=env or self.env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=self.dir)
         f.close()
@@ -159,6 +178,21 @@ class LocalFederation:
     def log(self, name) -> str:
         p = self.logs / f"{name}.log"
         return p.read_text(errors="replace") if p.exists() else ""
+
+    def _logged_since_start(self, name, text: str) -> bool:
+        """Whether process ``name`` has logged ``text`` since it was last started."""
+        p = self.logs / f"{name}.log"
+        try:
+            with open(p, "rb") as f:
+                f.seek(self._log_start.get(name, 0))
+                return text.encode() in f.read()
+        except OSError:
+            return False
+
+    def _connected_nodes(self) -> int:
+        """Running SuperNode processes whose log says the SuperLink accepted them."""
+        return sum(1 for name, p in self.procs.items()
+                   if name.startswith("node_") and p.poll() is None and self._logged_since_start(name, NODE_CONNECTED))
 
     def _flwr(self, *args, timeout=None):
         return subprocess.run([_exe("flwr"), *map(str, args)], env=self.env, capture_output=True, text=True,
@@ -183,18 +217,26 @@ class LocalFederation:
                                   "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
                                   "--port", str(self.port)])
         self._wait_superlink()
-        for i, ok in enumerate(self.register):
-            if ok:
-                self.node_ids[i] = self.register_node(c["node_pubs"][i])
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo = [i for i, ok in enumerate(self.register) if ok]
+        with ThreadPoolExecutor(max(len(todo), 1)) as pool:        # one `flwr` process per key, side by side
+            ids = list(pool.map(lambda i: self.register_node(c["node_pubs"][i]), todo))
+        self.node_ids.update(zip(todo, ids))
         for i in range(len(self.data_paths)):
             self.start_node(i)
         return self
 
     def _wait_superlink(self):
+        """Until the SuperLink answers ``flwr supernode list``; asked once its port accepts connections (each
+        ``flwr`` command is a process of its own: about 1.5 s of a core)."""
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.procs["superlink"].poll() is not None:
                 raise RuntimeError(f"the SuperLink exited:\n{self.log('superlink')[-3000:]}")
+            if not _accepts(self.port):
+                time.sleep(0.1)
+                continue
             r = self._flwr("supernode", "list", CONNECTION, "--format", "json", timeout=30)
             if r.returncode == 0 and '"success": true' in r.stdout:
                 return
@@ -228,12 +270,18 @@ class LocalFederation:
         _stop(self.procs.get(f"node_{i}"))
 
     def wait_online(self, count: int, timeout=None) -> list:
-        """Node ids once ``count`` nodes are online."""
+        """Node ids once ``count`` nodes are online. The SuperLink is asked (``flwr supernode list``) once
+        ``count`` nodes' logs say they were accepted, and every :data:`ASK_EVERY_S` seconds regardless (a
+        Flower release that logs otherwise); in between, the logs are read every 0.1 s."""
         import json
 
         deadline = time.monotonic() + (timeout or self.timeout)
-        online = []
+        online, asked = [], time.monotonic()
         while time.monotonic() < deadline:
+            if self._connected_nodes() < count and time.monotonic() - asked < ASK_EVERY_S:
+                time.sleep(0.1)
+                continue
+            asked = time.monotonic()
             r = self._flwr("supernode", "list", CONNECTION, "--format", "json", timeout=30)
             if r.returncode == 0:
                 nodes = json.loads(r.stdout[r.stdout.index("{"):]).get("nodes", [])
