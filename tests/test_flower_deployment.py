@@ -7,10 +7,12 @@ engine's answer, an unregistered node refused, no reply with a row dimension.
 """
 import importlib.util
 import json
+import time
 import tomllib
 
 import jax
 import jax.numpy as jnp
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,46 @@ def _files(tmp, fed):
 
 def _model():
     return fp.models.linear_regression(noise_scale=0.5, bias=False)
+
+
+# ---- a federation's start: what it waits for -----------------------------------------------------------
+def test_nodes_count_as_connected_from_their_logs_since_their_last_start(tmp_path):
+    """LocalFederation asks the SuperLink about its nodes once their logs say they were accepted: a node
+    restarted (its log appended to) counts again only once its new run logs the line, a node whose
+    process has ended does not count, and a port counts once something listens on it."""
+    import os
+    import socket
+    import sys
+
+    from fedprob.flower import local
+
+    f = local.LocalFederation(tmp_path / "fed", [])
+    f.env = dict(os.environ)
+    say = "import sys; print(sys.argv[1], flush=True); import time; time.sleep(30)"
+    try:
+        f._spawn("node_0", [sys.executable, "-c", say, local.NODE_CONNECTED + " 1"])
+        f._spawn("node_1", [sys.executable, "-c", say, "starting"])
+        f._spawn("superlink", [sys.executable, "-c", say, local.NODE_CONNECTED + " 3"])   # not a node
+        deadline = time.monotonic() + 30
+        while f._connected_nodes() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert f._connected_nodes() == 1
+        # node 0 restarts: the old line stays in its log but no longer counts
+        f.procs["node_0"].kill()
+        f.procs["node_0"].wait()
+        assert f._connected_nodes() == 0                      # an ended process does not count
+        f._spawn("node_0", [sys.executable, "-c", say, "starting again"])
+        time.sleep(0.5)
+        assert local.NODE_CONNECTED in f.log("node_0") and f._connected_nodes() == 0
+    finally:
+        f.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert not local._accepts(port)
+        s.listen()
+        assert local._accepts(port)
 
 
 # ---- node files -------------------------------------------------------------------------------------
