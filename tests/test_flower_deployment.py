@@ -12,7 +12,6 @@ import tomllib
 
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 import pytest
 

@@ -166,7 +166,7 @@ class LocalFederation:
     # ---- processes -----------------------------------------------------------------------------------
     def _spawn(self, name, cmd, env=None):
         self.logs.mkdir(parents=True, exist_ok=True)
-        path = self.logs / f"{name}.log"
+        path = self._log_path(name)
         self._log_start[name] = path.stat().st_size if path.exists() else 0   # a restart appends
         f = open(path, "ab")
         proc = subprocess.Popen(cmd, env=env or self.env, stdout=f, stderr=subprocess.STDOUT,
@@ -175,15 +175,17 @@ class LocalFederation:
         self.procs[name] = proc
         return proc
 
+    def _log_path(self, name) -> Path:
+        return self.logs / f"{name}.log"
+
     def log(self, name) -> str:
-        p = self.logs / f"{name}.log"
+        p = self._log_path(name)
         return p.read_text(errors="replace") if p.exists() else ""
 
     def _logged_since_start(self, name, text: str) -> bool:
         """Whether process ``name`` has logged ``text`` since it was last started."""
-        p = self.logs / f"{name}.log"
         try:
-            with open(p, "rb") as f:
+            with open(self._log_path(name), "rb") as f:
                 f.seek(self._log_start.get(name, 0))
                 return text.encode() in f.read()
         except OSError:
