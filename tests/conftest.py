@@ -1,4 +1,5 @@
 """Shared fixtures: the data folder beside the checkout, and conjugate oracles."""
+import json
 import os
 from pathlib import Path
 
@@ -192,12 +193,62 @@ def padded_correlated_client(seed, n, n_max, w_true, sigma):
     return X, y
 
 
+# The default run hands whole files to its two workers (`--dist loadfile`), in collection order. xdist would
+# order the files by their number of tests, which leaves the files of one or two long tests (real processes,
+# benchmarks' quick runs) for last, so the run ended on one worker: 570 s against 526 s on the other (2 quiet
+# cores, 2026-12-02). Instead the files go longest first, by their seconds in the default run as last measured
+# (tests/file_seconds.json; a file missing from it counts as the median), the greedy schedule whose makespan
+# for those times is 548 s on each worker. `FEDPROB_STORE_FILE_SECONDS=1 pytest -q` measures them again and
+# rewrites the file (for the files that ran).
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files longest first (see FILE_SECONDS); the tests of a file keep their order."""
+    try:
+        seconds = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return
+    if not seconds:
+        return
+    default = float(np.median(list(seconds.values())))
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(_file_of(item.nodeid), i)
+    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), default), first[_file_of(item.nodeid)]))
+
+
+_measured_seconds = {}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("FEDPROB_STORE_FILE_SECONDS") == "1" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        f = _file_of(report.nodeid)
+        _measured_seconds[f] = _measured_seconds.get(f, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if _measured_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            seconds = json.loads(FILE_SECONDS.read_text())
+        except (OSError, ValueError):
+            seconds = {}
+        seconds.update({f: round(s, 1) for f, s in _measured_seconds.items()})
+        FILE_SECONDS.write_text(json.dumps(dict(sorted(seconds.items(), key=lambda kv: -kv[1])), indent=0) + "\n")
+
+
 def pytest_configure(config):
     """Compiled programs go to JAX's persistent compilation cache under the pytest cache
     (``.pytest_cache/d/jax-compilation-cache``), so a second run loads what the first compiled;
     ``FEDPROB_COMPILATION_CACHE=off`` switches it off (see fedprob.compile_cache). The directory is passed
     on in ``FEDPROB_COMPILATION_CACHE``, so ``fedprob demo`` / ``fedprob run`` called by a test and the
     processes a test starts use it too."""
+    if hasattr(config.option, "loadscopereorder"):     # pytest-xdist: keep the order above (FILE_SECONDS)
+        config.option.loadscopereorder = False
     from fedprob import compile_cache
 
     cache = getattr(config, "cache", None)
