@@ -207,12 +207,16 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _stored_seconds() -> dict:
+    try:
+        return json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def pytest_collection_modifyitems(config, items):
     """The files longest first (see FILE_SECONDS); the tests of a file keep their order."""
-    try:
-        seconds = json.loads(FILE_SECONDS.read_text())
-    except (OSError, ValueError):
-        return
+    seconds = _stored_seconds()
     if not seconds:
         return
     default = float(np.median(list(seconds.values())))
@@ -233,10 +237,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     if _measured_seconds and not os.environ.get("PYTEST_XDIST_WORKER"):
-        try:
-            seconds = json.loads(FILE_SECONDS.read_text())
-        except (OSError, ValueError):
-            seconds = {}
+        seconds = _stored_seconds()
         seconds.update({f: round(s, 1) for f, s in _measured_seconds.items()})
         FILE_SECONDS.write_text(json.dumps(dict(sorted(seconds.items(), key=lambda kv: -kv[1])), indent=0) + "\n")
 
