@@ -319,7 +319,11 @@ def test_posterior_predicts_at_the_mean_or_by_model_averaging(x64, logistic):
     np.testing.assert_allclose(np.asarray(post.predict(X, prediction="mean"))[:, 1], at_mean, rtol=1e-10)
     draws = np.asarray(post.form.sample(post._key, post.num_predictive_draws))
     bma = np.mean(1 / (1 + np.exp(-(X @ draws[:, :D].T + draws[:, D]))), 1)
-    np.testing.assert_allclose(np.asarray(post.predict(X))[:, 1], bma, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(post.predict(X, prediction="average"))[:, 1], bma, rtol=1e-10)
+    # the default is the one of the two that the held-out clients chose (prediction="auto")
+    assert post.prediction in ("mean", "average")
+    np.testing.assert_allclose(np.asarray(post.predict(X))[:, 1], at_mean if post.prediction == "mean" else bma,
+                               rtol=1e-10)
     assert post.num_predictive_draws == 32
 
 
